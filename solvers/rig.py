@@ -143,7 +143,7 @@ def rig_from_dict(data: Any, source: str = "<rig>", default_name: str = "rig") -
         reader.cut(cut, f"booted_cuts[{i}]", len(ranks)) for i, cut in enumerate(data.get("booted_cuts", []))
     )
     try:
-        shape = ServingShape.from_dict(data.get("shape", {}), where="shape")
+        shape = ServingShape.from_dict(data.get("shape", {}))
     except SolverError as error:
         raise reader.error("", str(error)) from error
     noise_floor = data.get("noise_floor", DEFAULT_NOISE_FLOOR)

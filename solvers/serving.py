@@ -33,10 +33,7 @@ class ServingShape:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise SolverError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-        try:
-            return cls(**data)
-        except SolverError as error:
-            raise SolverError(f"{where}: {error}") from error
+        return cls(**data)
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -1,0 +1,1 @@
+"""Seam's console: the operators' web console, REST API, jobs, review gate and audit trail."""

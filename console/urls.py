@@ -1,0 +1,8 @@
+"""Console URL routes; the pages and the API arrive with the console issue."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+]
