@@ -14,9 +14,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# For now Seam is its planner: prepare the console's database, then show the demo rig's frontier.
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
-	$(PY) -m seam_run
+	$(PY) -m solvers rig cpu-demo
+	$(PY) -m solvers frontier --rig cpu-demo --model demo-hybrid-16
 
 test: $(STAMP)
 	$(PY) -m ruff check .

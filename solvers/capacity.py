@@ -17,6 +17,7 @@ from solvers.errors import SolverError
 from solvers.floors import ArmingFloor, arming_floor
 from solvers.rig import Rig
 from solvers.serving import ServingShape
+from solvers.units import format_bytes
 
 NO_BIND = 1 << 62  # allowed tokens of a rank with no attention layers: it never binds
 REFUSED = -1
@@ -158,7 +159,8 @@ class CutPricer:
         clearance = budget.free_bytes - budget.floor.bytes - budget.margin_bytes
         if clearance < 0:
             refusal = (f"rank {rank} ({spec.name}) cannot clear its arming floor: free {budget.free_bytes} B "
-                       f"- floor {budget.floor.bytes} B - margin {budget.margin_bytes} B = {clearance} B")
+                       f"- floor {budget.floor.bytes} B - margin {budget.margin_bytes} B = {clearance} B "
+                       f"({format_bytes(clearance)})")
             return _with_refusal(budget, refusal)
         return budget
 

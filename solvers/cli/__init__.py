@@ -1,0 +1,49 @@
+"""The planner's command line: readable tables by default, `--json` for automation.
+
+Each sub-command returns (data, text); `main` prints one or the other and turns a SolverError
+into a one-line message on stderr with exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from solvers.cli import model_commands, plan_commands, shape_commands
+from solvers.errors import SolverError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m solvers",
+        description="Seam's planner: census, capacity, timing, frontier, shapes and ladders for uneven GPUs.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (model_commands, plan_commands, shape_commands):
+        module.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        data, text = args.handler(args)
+    except SolverError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=2, default=_json_default))
+    else:
+        print(text)
+    return 0
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, tuple | set):
+        return list(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
