@@ -94,8 +94,9 @@ def run_pool(args: argparse.Namespace) -> tuple[dict, str]:
         rows = [(i, rig.ranks[i].name, f"{share:.3f}", cap) for i, (share, cap)
                 in enumerate(zip(result.shares, result.capacities, strict=True))]
         text = "\n".join([
-            f"TP pool {result.pool_tokens} tokens (binding rank {result.binding_rank}); a vector matched to "
-            f"capacity reaches {result.sum_of_capacities}", *[f"refused: {r}" for r in result.reasons], "",
+            (f"TP pool {result.pool_tokens} tokens (binding rank {result.binding_rank}); a vector matched to "
+             f"capacity reaches {result.sum_of_capacities}") if result.feasible else "REFUSED",
+            *[f"refused: {r}" for r in result.reasons], "",
             render(["rank", "name", "share", "capacity"], rows)])
         return result.to_dict(), text
     notes = []

@@ -1,0 +1,81 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from solvers.cli import main
+
+
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_census_json_contract(capsys):
+    data = run_json(capsys, "census", "reference-hybrid-64", "--kv-dtype", "fp8")
+    assert data["family"] == "qwen3_next" and data["num_layers"] == 64
+    assert data["layer_kinds"].count("full_attention") == 16
+    assert data["attention_layers"] == list(range(3, 64, 4))
+    assert data["kv_bytes_per_token"] == 16 * 2 * 2 * 256 * 1  # 16 layers x K+V x 2 heads x 256 dims, fp8
+    assert len(data["weight_bytes_per_layer"]) == 64
+    assert data["weight_bytes_total"] > sum(data["weight_bytes_per_layer"])  # plus embeddings and head
+    assert {"state_bytes_per_sequence"} <= set(data)
+
+
+def test_state_dtype_changes_state_bytes_only(capsys):
+    bf16 = run_json(capsys, "census", "qwen3-next-80b-a3b")
+    fp32 = run_json(capsys, "census", "qwen3-next-80b-a3b", "--state-dtype", "fp32")
+    assert fp32["state_bytes_per_sequence"] == 2 * bf16["state_bytes_per_sequence"]
+    assert fp32["kv_bytes_per_token"] == bf16["kv_bytes_per_token"]
+
+
+def test_timing_json_contract(capsys):
+    data = run_json(capsys, "timing", "--incumbent", "28,20,16", "--stage-ms", "49.2,154.8,116.4",
+                    "--cut", "42,12,10", "--cut", "28,20,16")
+    first, incumbent = data["cuts"]
+    assert first["cut"] == [42, 12, 10]
+    assert first["pipelined_ms"] == pytest.approx(92.88)
+    assert first["x_pipelined"] == pytest.approx(154.8 / 92.88, rel=1e-5)
+    assert incumbent["x_serial"] == pytest.approx(1.0)
+    assert {"serial_ms", "x_serial"} <= set(first)
+
+
+def test_pool_json_has_the_per_rank_table(capsys):
+    data = run_json(capsys, "pool", "--rig", "reference", "--model", "reference-hybrid-64")
+    assert data["cut"] == [28, 20, 16] and data["binding_rank"] == 1 and data["feasible"]
+    assert [row["slack"] for row in data["ranks"]][1] == 0
+    for key in ("budget", "weights", "state", "rest", "floor", "allowed", "used", "slack"):
+        assert key in data["ranks"][0]
+
+
+def test_pool_reports_a_rescaled_incumbent(capsys):
+    data = run_json(capsys, "pool", "--rig", "reference", "--model", "demo-hybrid-16")
+    assert data["cut"] == [7, 5, 4]
+    assert "proportional split [7, 5, 4]" in data["notes"][0]
+
+
+def test_tp_pool_from_the_command_line(capsys):
+    data = run_json(capsys, "pool", "--rig", "cpu-demo", "--model", "demo-hybrid-16", "--tp-vector", "2:1:1")
+    assert data["rule"] == "tp" and data["feasible"] and data["pool_tokens"] > 0
+    refused = run_json(capsys, "pool", "--rig", "reference", "--model", "reference-hybrid-64", "--tp-vector", "1:1:1")
+    assert not refused["feasible"] and "cannot clear its arming floor" in refused["reasons"][0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["census", "nonesuch"], "no such built-in name"),
+    (["pool", "--rig", "reference", "--model", "reference-hybrid-64", "--cut", "28,20"], "has 2 entries"),
+    (["pool", "--rig", "nope", "--model", "reference-hybrid-64"], "built-in rigs"),
+    (["timing", "--incumbent", "28,20,16", "--stage-ms", "1,2", "--cut", "42,12,10"], "2 stage times"),
+    (["pool", "--rig", "reference", "--model", "reference-hybrid-64", "--max-num-seqs", "0"], "max_num_seqs"),
+])
+def test_bad_input_is_one_line_on_stderr_with_status_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_the_module_entry_point_runs():
+    done = subprocess.run([sys.executable, "-m", "solvers", "census", "demo-hybrid-16", "--json"],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout)["num_layers"] == 16
