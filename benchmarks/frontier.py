@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from solvers.capacity import CutPricer  # noqa: E402
 from solvers.census import CONFIG_DIR, census_from_config, load_census  # noqa: E402
 from solvers.frontier import compute_frontier  # noqa: E402
-from solvers.frontier_search import time_key  # noqa: E402
+from solvers.frontier_search import CutSearch, time_key  # noqa: E402
 from solvers.rig import load_rig, proportional_split, rig_from_dict  # noqa: E402
 from solvers.timing import calibrate  # noqa: E402
 
@@ -91,9 +92,13 @@ def run(repeat: int) -> list[dict]:
     rows = []
     for label, model, rig in cases:
         seconds, frontier = timed(lambda model=model, rig=rig: compute_frontier(model, rig), repeat)
+        # The share spent building the per-rank allowed-token matrices through CutPricer.allowed_tokens.
+        timing = calibrate(frontier.incumbent.cut, rig.stage_ms, noise_floor=rig.noise_floor)
+        pricing_s, _ = timed(lambda model=model, rig=rig, timing=timing: CutSearch(
+            CutPricer(model, rig), timing.ms_per_layer, timing.fixed_ms), repeat)
         row = {"case": label, "rig": rig.name, "model": model.name, "cuts": frontier.total_cuts,
                "refused_total": frontier.refused_total, "points": len(frontier.points), "frontier_s": round(seconds, 4),
-               "peer_s": None, "peer_points": None, "ratio": None}
+               "pricing_s": round(pricing_s, 4), "peer_s": None, "peer_points": None, "ratio": None}
         if rig.size == 3:
             peer_s, (peer_points, peer_refused) = timed(lambda model=model, rig=rig: brute_force(model, rig), repeat)
             assert (peer_points, peer_refused) == (len(frontier.points), frontier.refused_total), "peer disagrees"
@@ -109,15 +114,17 @@ def main() -> None:
     args = parser.parse_args()
     rows = run(args.repeat)
     if args.json:
-        print(json.dumps({"machine": platform.processor() or platform.machine(), "rows": rows}, indent=2))
+        machine = f"{os.cpu_count()}-core {platform.machine()} CPU, Python {platform.python_version()}"
+        print(json.dumps({"machine": machine, "rows": rows}, indent=2))
         return
-    header = f"{'case':<7}{'cuts':>16}{'refused':>16}{'points':>8}{'frontier s':>12}{'brute s':>10}{'ratio':>8}"
+    header = (f"{'case':<7}{'cuts':>16}{'refused':>16}{'points':>8}{'frontier s':>12}{'pricing s':>11}"
+              f"{'brute s':>10}{'ratio':>8}")
     print(header)
     for row in rows:
         peer = "-" if row["peer_s"] is None else f"{row['peer_s']:.4f}"
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
         print(f"{row['case']:<7}{row['cuts']:>16,}{row['refused_total']:>16,}{row['points']:>8}"
-              f"{row['frontier_s']:>12.4f}{peer:>10}{ratio:>8}")
+              f"{row['frontier_s']:>12.4f}{row['pricing_s']:>11.4f}{peer:>10}{ratio:>8}")
 
 
 if __name__ == "__main__":

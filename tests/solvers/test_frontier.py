@@ -283,20 +283,37 @@ def test_too_few_layers_for_the_rig():
 
 
 # --- scale ---------------------------------------------------------------------------------------
-def test_eight_ranks_by_128_layers_is_exact_without_enumeration():
+SYNTHETIC = {4: ([32, 20, 24, 20], [1.8, 7.7, 3.1, 7.3]),
+             8: ([32, 20, 20, 24, 16, 24, 20, 20], [1.8, 7.7, 7.3, 3.1, 5.0, 2.4, 6.2, 4.4])}
+
+
+def synthetic(ranks: int, num_layers: int):
+    """A Qwen3-Next-style census of `num_layers` on uneven cards, as benchmarks/frontier.py builds."""
     config = json.loads((CONFIG_DIR / "reference-hybrid-64.json").read_text())
-    config["num_hidden_layers"] = 128
-    model = census_from_config(config, name="reference-hybrid-128")
-    memory, per_layer = [32, 20, 20, 24, 16, 24, 20, 20], [1.8, 7.7, 7.3, 3.1, 5.0, 2.4, 6.2, 4.4]
-    incumbent = proportional_split(128, memory)
+    config["num_hidden_layers"] = num_layers
+    model = census_from_config(config, name=f"reference-hybrid-{num_layers}")
+    memory, per_layer = SYNTHETIC[ranks]
+    incumbent = proportional_split(num_layers, memory)
     base = load_rig_dict("reference")["ranks"][1]
-    ranks = [dict(copy.deepcopy(base), name=f"g{i}", memory=f"{gib}GiB", stage_ms=ms * n)
-             for i, (gib, ms, n) in enumerate(zip(memory, per_layer, incumbent, strict=True))]
-    rig = rig_from_dict({"name": "synthetic-8", "ranks": ranks, "incumbent_cut": list(incumbent),
+    rank_list = [dict(copy.deepcopy(base), name=f"g{i}", memory=f"{gib}GiB", stage_ms=ms * n)
+                 for i, (gib, ms, n) in enumerate(zip(memory, per_layer, incumbent, strict=True))]
+    rig = rig_from_dict({"name": f"synthetic-{ranks}", "ranks": rank_list, "incumbent_cut": list(incumbent),
                          "shape": load_rig_dict("reference")["shape"]})
+    return model, rig, calibrate(incumbent, rig.stage_ms, noise_floor=rig.noise_floor)
+
+
+def test_four_ranks_by_80_layers_matches_brute_force():
+    model, rig, timing = synthetic(4, 80)  # 79,079 cuts: the largest case brute force checks quickly
+    frontier = compute_frontier(model, rig)
+    check_against_brute_force(frontier, model, rig, timing)
+    assert any(point.dominates(frontier.incumbent) for point in frontier.points)
+
+
+def test_eight_ranks_by_128_layers_is_exact_without_enumeration():
+    model, rig, timing = synthetic(8, 128)
     frontier = compute_frontier(model, rig, refused_limit=5)
     assert frontier.total_cuts == comb(127, 7) and frontier.elapsed_s < 10
-    pricer, timing = CutPricer(model, rig), calibrate(incumbent, rig.stage_ms, noise_floor=rig.noise_floor)
+    pricer = CutPricer(model, rig)
     pairs = [(time_key(point.pipelined_ms), point.pool_tokens) for point in frontier.points]
     assert len(pairs) > 5 and pairs == sorted(pairs)
     assert all(a[1] < b[1] and a[0] < b[0] for a, b in zip(pairs, pairs[1:], strict=False)), "none dominated"
