@@ -1,0 +1,64 @@
+"""Pieces the attention families share: projection counts, layer-type rules and an attention layer's census.
+
+Not an adapter itself; the family modules (llama, qwen, gemma, ...) build on it.
+"""
+
+from __future__ import annotations
+
+from solvers.census.fields import ConfigFields
+from solvers.census.model import LayerCensus, LayerKind
+
+ATTENTION_TYPES = ("full_attention", "sliding_attention")
+
+
+def attention_params(
+    hidden: int, heads: int, kv_heads: int, head_dim: int, *,
+    qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False,
+) -> int:
+    """q/k/v/o projections, their biases, and per-head q/k RMSNorms (Qwen3, Gemma3)."""
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim
+    params = hidden * (q_width + 2 * kv_width) + q_width * hidden
+    params += (q_width + 2 * kv_width) if qkv_bias else 0
+    params += hidden if o_bias else 0
+    params += 2 * head_dim if qk_norm else 0
+    return params
+
+
+def attention_layer(
+    index: int, weight_params: int, *, kv_heads: int, head_dim: int, window: int | None = None, ffn: str = "dense",
+) -> LayerCensus:
+    """A full or sliding attention layer; a window turns its KV into a per-sequence cost capped at `window`."""
+    kv_elements = 2 * kv_heads * head_dim
+    if window:
+        return LayerCensus(
+            index, LayerKind.SLIDING_ATTENTION, weight_params,
+            kv_elements_per_token=kv_elements, window_tokens=int(window), ffn=ffn,
+        )
+    return LayerCensus(index, LayerKind.FULL_ATTENTION, weight_params, kv_elements_per_token=kv_elements, ffn=ffn)
+
+
+def declared_layer_types(fields: ConfigFields, num_layers: int) -> list[str] | None:
+    """An explicit `layer_types` list (newer configs serialise it), checked; None when the config has none."""
+    declared = fields.get("layer_types", default=None)
+    if declared is None:
+        return None
+    if len(declared) != num_layers:
+        raise fields.missing(f"layer_types with {num_layers} entries (it has {len(declared)})")
+    unknown = sorted({kind for kind in declared if kind not in ATTENTION_TYPES})
+    if unknown:
+        raise fields.missing(f"layer_types of {' or '.join(ATTENTION_TYPES)} (got {', '.join(unknown)})")
+    return list(declared)
+
+
+def sliding_window(fields: ConfigFields, layer_types: list[str]) -> int | None:
+    """The window of the sliding layers: required as soon as one layer slides."""
+    if "sliding_attention" not in layer_types:
+        return None
+    return fields.get("sliding_window")
+
+
+def head_geometry(fields: ConfigFields, hidden: int, heads: int) -> tuple[int, int]:
+    """(kv_heads, head_dim): configs omit both when attention is plain multi-head."""
+    kv_heads = fields.get("num_key_value_heads", default=heads)
+    head_dim = fields.get("head_dim", default=None) or hidden // heads
+    return kv_heads, head_dim

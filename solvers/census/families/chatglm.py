@@ -1,0 +1,42 @@
+"""ChatGLM2 / ChatGLM3 / GLM-4 (remote-code `chatglm`): Megatron-style names for a GQA decoder.
+
+One fused query_key_value projection (optionally biased), a fused gate+up `dense_h_to_4h`, RMSNorm or
+LayerNorm, and an untied `output_layer`. Not in transformers, so the layout follows the published
+modeling_chatglm.py.
+"""
+
+from __future__ import annotations
+
+from solvers.census.families import adapter
+from solvers.census.families.attention import attention_layer
+from solvers.census.families.common import build_census, mlp_params
+from solvers.census.fields import ConfigFields
+from solvers.census.model import ModelCensus
+
+
+@adapter("chatglm")
+def chatglm(fields: ConfigFields) -> ModelCensus:
+    hidden, num_layers, heads, ffn_hidden = fields.require(
+        "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"
+    )
+    head_dim = fields.get("kv_channels", default=hidden // heads)
+    # Without multi_query_attention every head keeps its own K and V.
+    multi_query = fields.get("multi_query_attention", default=False)
+    kv_heads = fields.get("multi_query_group_num") if multi_query else heads
+    linear_bias = bool(fields.get("add_bias_linear", default=False))
+    qkv_bias = linear_bias or bool(fields.get("add_qkv_bias", default=False))
+    # RMSNorm has a weight; LayerNorm a weight and a bias.
+    norm = hidden if fields.get("rmsnorm", default=True) else 2 * hidden
+
+    qkv_width = (heads + 2 * kv_heads) * head_dim
+    attention = hidden * qkv_width + qkv_bias * qkv_width + heads * head_dim * hidden + linear_bias * hidden
+    per_layer = attention + mlp_params(hidden, ffn_hidden, bias=linear_bias) + 2 * norm
+    layers = [attention_layer(index, per_layer, kv_heads=kv_heads, head_dim=head_dim) for index in range(num_layers)]
+    final_norm = norm if fields.get("post_layer_norm", default=True) else 0
+    notes = ()
+    if fields.get("pre_seq_len", default=None):
+        notes = ("p-tuning prefix encoder (pre_seq_len) not counted",)
+    return build_census(
+        fields, layers, hidden=hidden, intermediate=ffn_hidden, vocab_field=("padded_vocab_size", "vocab_size"),
+        final_norm_params=final_norm, notes=notes,
+    )

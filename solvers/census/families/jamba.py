@@ -1,0 +1,68 @@
+"""Jamba: Mamba (v1) layers with one attention layer per attn_layer_period, MoE FFN every expert_layer_period.
+
+A mamba layer's per-sequence state is its depthwise conv window, d_inner x (d_conv - 1), plus the
+selective-scan state, d_inner x d_state.
+"""
+
+from __future__ import annotations
+
+import math
+
+from solvers.census.families import adapter
+from solvers.census.families.attention import attention_layer, attention_params, head_geometry
+from solvers.census.families.common import build_census, mlp_params, moe_params
+from solvers.census.fields import ConfigFields
+from solvers.census.model import LayerCensus, LayerKind, ModelCensus
+
+
+def _mamba_params(fields: ConfigFields, hidden: int) -> tuple[int, int, int, int]:
+    """(weight params, d_inner, d_conv, d_state) of one Mamba mixer."""
+    d_state, d_conv, expand = fields.require("mamba_d_state", "mamba_d_conv", "mamba_expand")
+    d_inner = expand * hidden
+    dt_rank = fields.get("mamba_dt_rank", default="auto")
+    dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else dt_rank
+    proj_bias = bool(fields.get("mamba_proj_bias", default=False))
+    conv_bias = bool(fields.get("mamba_conv_bias", default=True))
+    params = (
+        hidden * 2 * d_inner + proj_bias * 2 * d_inner  # in_proj (x and z)
+        + d_inner * d_conv + conv_bias * d_inner  # depthwise conv1d
+        + d_inner * (dt_rank + 2 * d_state)  # x_proj -> dt, B, C
+        + dt_rank * d_inner + d_inner  # dt_proj, always biased
+        + d_inner * d_state + d_inner  # A_log, D
+        + d_inner * hidden + proj_bias * hidden  # out_proj
+    )
+    # Jamba normalises dt, B and C inside the mixer (the checkpoint's mamba_inner_layernorms).
+    if fields.get("mamba_inner_layernorms", default=True):
+        params += dt_rank + 2 * d_state
+    return params, d_inner, d_conv, d_state
+
+
+@adapter("jamba")
+def jamba(fields: ConfigFields) -> ModelCensus:
+    hidden, num_layers, heads, intermediate = fields.require(
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"
+    )
+    attn_period, attn_offset = fields.get("attn_layer_period"), fields.get("attn_layer_offset")
+    expert_period, expert_offset = fields.get("expert_layer_period"), fields.get("expert_layer_offset")
+    num_experts = fields.get("num_experts", default=1)
+    kv_heads, head_dim = head_geometry(fields, hidden, heads)
+    attention = attention_params(hidden, heads, kv_heads, head_dim)
+    mamba, d_inner, d_conv, d_state = _mamba_params(fields, hidden)
+    norms = 2 * hidden  # input_layernorm + pre_ff_layernorm
+
+    layers = []
+    for index in range(num_layers):
+        is_moe = num_experts > 1 and index % expert_period == expert_offset
+        ffn = moe_params(hidden, num_experts, intermediate) if is_moe else mlp_params(hidden, intermediate)
+        kind = "moe" if is_moe else "dense"
+        if index % attn_period == attn_offset:
+            layers.append(attention_layer(
+                index, attention + ffn + norms, kv_heads=kv_heads, head_dim=head_dim,
+                window=fields.get("sliding_window", default=None), ffn=kind,
+            ))
+        else:
+            layers.append(LayerCensus(
+                index, LayerKind.MAMBA, mamba + ffn + norms,
+                conv_state_elements=d_inner * (d_conv - 1), recurrent_state_elements=d_inner * d_state, ffn=kind,
+            ))
+    return build_census(fields, layers, hidden=hidden, intermediate=intermediate)
