@@ -1,4 +1,4 @@
-"""Seam's planner arithmetic: pure Python, no Django, no torch, no network.
+"""Seam's planner arithmetic: Python and numpy only: no Django, no torch, no network.
 
 Every formula Seam uses lives here once; the engine and the console call it.
 """

@@ -74,7 +74,7 @@ class RefusedCut:
     reasons: tuple[str, ...]
 
     def to_dict(self) -> dict:
-        return {"cut": list(self.cut), "reasons": list(self.reasons)}
+        return {"cut": list(self.cut), "reason": "; ".join(self.reasons), "reasons": list(self.reasons)}
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from solvers.cli.args import add_json_flag
+from solvers.census import load_census
+from solvers.cli.args import add_json_flag, add_shape_flags, shape_from_args
 from solvers.errors import SolverError
-from solvers.rig import DEFAULT_NOISE_FLOOR
+from solvers.frontier import DEFAULT_REFUSED_LIMIT, compute_frontier
+from solvers.rig import DEFAULT_NOISE_FLOOR, load_rig
 from solvers.tables import render
 from solvers.timing import calibrate, parse_cut
 
@@ -20,6 +22,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     timing.add_argument("--cut", action="append", required=True, type=parse_cut, help="a cut to price (repeatable)")
     add_json_flag(timing)
     timing.set_defaults(handler=run_timing)
+
+    frontier = commands.add_parser("frontier", help="the complete Pareto frontier of cuts: pipelined time vs pool")
+    frontier.add_argument("--rig", required=True, help="built-in rig name or a YAML/JSON profile")
+    frontier.add_argument("--model", required=True, help="built-in model name, config.json or folder")
+    frontier.add_argument("--min-pool-ratio", type=float, help="keep points with pool >= R x the incumbent's")
+    frontier.add_argument("--refused-limit", type=int, default=DEFAULT_REFUSED_LIMIT,
+                          help="list at most this many refused cuts (the total is always exact)")
+    frontier.add_argument("--show-refused", action="store_true", help="list refused cuts in the table output")
+    add_shape_flags(frontier)
+    add_json_flag(frontier)
+    frontier.set_defaults(handler=run_frontier)
 
 
 def _floats(text: str) -> list[float]:
@@ -48,3 +61,29 @@ def run_timing(args: argparse.Namespace) -> tuple[dict, str]:
         "", render(["cut", "serial ms", "pipelined ms", "x serial", "x pipelined", "flags"], rows),
     ])
     return data, text
+
+
+def run_frontier(args: argparse.Namespace) -> tuple[dict, str]:
+    model, rig = load_census(args.model), load_rig(args.rig)
+    result = compute_frontier(model, rig, shape=shape_from_args(args, rig.shape),
+                              min_pool_ratio=args.min_pool_ratio, refused_limit=args.refused_limit)
+    head = result.incumbent
+
+    def row(point, mark: str = "") -> tuple:
+        return (mark, list(point.cut), list(point.attention_split), point.pool_tokens,
+                point.pool_ratio, point.binding_rank, point.pipelined_ms, point.x_serial, point.x_pipelined,
+                " ".join(point.flags), point.provenance)
+
+    headers = ["", "cut", "attn split", "pool tokens", "pool x", "binds", "pipelined ms", "x serial",
+               "x pipelined", "flags", "provenance"]
+    lines = [
+        f"frontier of {result.model} on rig {result.rig}: {len(result.points)} Pareto points among "
+        f"{result.total_cuts} cuts ({result.refused_total} refused), {result.elapsed_s:.3f} s",
+        *[f"note: {note}" for note in result.notes], "",
+        render(headers, [row(head, "incumbent")] + [row(point, "*" if point.dominates(head) else "")
+                                                      for point in result.points]),
+        "", "* dominates the incumbent (no slower, no smaller pool)",
+    ]
+    if args.show_refused:
+        lines += ["", render(["refused cut", "reason"], [(list(r.cut), "; ".join(r.reasons)) for r in result.refused])]
+    return result.to_dict(), "\n".join(lines)

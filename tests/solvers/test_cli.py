@@ -79,3 +79,23 @@ def test_the_module_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "solvers", "census", "demo-hybrid-16", "--json"],
                           capture_output=True, text=True, check=True)
     assert json.loads(done.stdout)["num_layers"] == 16
+
+
+def test_frontier_json_contract(capsys):
+    data = run_json(capsys, "frontier", "--rig", "reference", "--model", "reference-hybrid-64")
+    assert {"incumbent", "points", "refused", "elapsed_s"} <= set(data)
+    assert data["incumbent"]["cut"] == [28, 20, 16] and data["incumbent"]["provenance"] == "measured"
+    keys = {"cut", "attention_split", "pool_tokens", "pool_ratio", "binding_rank", "x_serial", "x_pipelined",
+            "flags", "provenance"}
+    for point in data["points"]:
+        assert keys <= set(point)
+    times = [point["pipelined_ms"] for point in data["points"]]
+    pools = [point["pool_tokens"] for point in data["points"]]
+    assert times == sorted(times) and pools == sorted(pools)  # a Pareto staircase
+    assert data["refused"] and {"cut", "reason"} <= set(data["refused"][0])
+
+
+def test_frontier_min_pool_ratio_filters(capsys):
+    data = run_json(capsys, "frontier", "--rig", "reference", "--model", "reference-hybrid-64",
+                    "--min-pool-ratio", "1.0")
+    assert data["points"] and all(point["pool_ratio"] >= 1.0 for point in data["points"])
