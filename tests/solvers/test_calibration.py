@@ -1,0 +1,152 @@
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from solvers.calibration import (
+    Sample,
+    coverage,
+    parse_samples,
+    publish_intercept,
+    samples_needed,
+    suggest_arms,
+)
+from solvers.errors import SolverError
+
+INCUMBENT = (28, 20, 16)
+MS = (49.2, 154.8, 116.4)
+
+
+def test_repeats_of_one_cut_identify_no_rank_and_need_infinite_samples():
+    report = coverage([(INCUMBENT, MS)] * 5, sd_ms=3.0)
+    assert report.unidentified == (0, 1, 2)
+    for rank in report.ranks:
+        assert rank.samples_needed == math.inf  # infinity, never a big number
+        assert rank.delta_layers == 0 and not rank.intercept.published
+        assert rank.to_dict()["samples_needed"] == "inf"
+        assert rank.to_dict()["intercept"]["value"] is None  # refused, not emitted as 0
+    assert report.ranks[0].ms_per_layer == pytest.approx(49.2 / 28)  # the optimistic ratio, flagged in notes
+    assert [plan.rank for plan in report.arms] == [0, 1, 2]
+
+
+def test_a_rank_whose_count_never_changed_stays_unidentified_among_identified_ones():
+    samples = [((28, 20, 16), MS), ((29, 19, 16), (51.0, 147.1, 116.0)), ((27, 21, 16), (47.4, 162.4, 116.8))]
+    report = coverage(samples, sd_ms=2.0, target=0.05)
+    assert report.unidentified == (2,)
+    assert report.ranks[2].samples_needed == math.inf
+    assert all(isinstance(rank.samples_needed, int) for rank in report.ranks[:2])
+    (plan,) = report.arms
+    assert plan.rank == 2 and {arm.delta_layers for arm in plan.arms} == {1, -1}
+
+
+def test_least_squares_recovers_slope_intercept_and_its_standard_error():
+    noise = [0.3, -0.2, -0.4, 0.1, 0.2, 0.0]
+    counts = [10, 12, 14, 16, 18, 20]
+    samples = [((n, 40 - n), (2.0 * n + 30.0 + e, 5.0 * (40 - n))) for n, e in zip(counts, noise, strict=True)]
+    rank = coverage(samples).ranks[0]
+    assert rank.identified and rank.delta_layers == 10 and rank.layer_counts == tuple(counts)
+    assert rank.ms_per_layer == pytest.approx(2.0, abs=0.05)
+    assert rank.intercept.estimate == pytest.approx(30.0, abs=1.0)
+    assert rank.intercept.dof == 4 and rank.intercept.standard_error > 0
+    assert rank.intercept.published  # 30 ms is far beyond 2 SE
+    assert rank.to_dict()["intercept"]["value"] == rank.intercept.estimate
+    assert rank.sd_ms == pytest.approx(0.3, abs=0.15)  # the residual SD, used when no sd_ms is given
+
+
+def test_two_distinct_cuts_identify_the_slope_but_the_intercept_has_no_residual_dof():
+    rank = coverage([((10, 10), (50.0, 60.0)), ((12, 8), (54.0, 48.0))]).ranks[0]
+    assert rank.ms_per_layer == pytest.approx(2.0)
+    assert not rank.intercept.published and "residual degrees of freedom" in rank.intercept.refusal
+    assert rank.samples_needed is None and "no SD" in rank.notes[0]  # no SD known: say so, no number
+
+
+def test_samples_needed_formula():
+    expected = (math.sqrt(2) * 5.0 / (0.05 * 4 * 2.0)) ** 2  # 312.5
+    assert samples_needed(5.0, 0.05, 4, 2.0) == math.ceil(expected) == 313
+    assert samples_needed(5.0, 0.05, -4, 2.0) == 313  # |delta layers|
+    assert samples_needed(5.0, 0.05, 0, 2.0) == math.inf
+    assert samples_needed(0.0, 0.05, 1, 2.0) == 1  # a noiseless arm still needs one run
+
+
+@pytest.mark.parametrize("args", [(-1.0, 0.05, 1, 2.0), (1.0, 0.0, 1, 2.0), (1.0, 0.05, 1, 0.0)])
+def test_samples_needed_rejects_bad_inputs(args):
+    with pytest.raises(SolverError, match="samples_needed"):
+        samples_needed(*args)
+
+
+def test_intercept_gate_names_the_failed_condition():
+    assert publish_intercept(3.0, 1.0, 4).published
+    assert "2 SE" in publish_intercept(1.5, 1.0, 4).refusal
+    assert "no standard error" in publish_intercept(3.0, None, 4).refusal
+    assert "N = 0" in publish_intercept(3.0, 1.0, 0).refusal
+    refused = publish_intercept(0.0, 1.0, 3)
+    assert not refused.published and refused.to_dict()["value"] is None  # never 0 as if measured
+    assert "unidentified" in publish_intercept(None, None, 0).refusal
+
+
+def test_arms_move_the_rank_both_ways_and_keep_the_total():
+    plan = suggest_arms(INCUMBENT, 2, step=2)
+    assert {arm.cut for arm in plan.arms} == {(28, 18, 18), (28, 22, 14)}
+    assert {arm.delta_layers for arm in plan.arms} == {2, -2} and not plan.notes
+    middle = suggest_arms(INCUMBENT, 1)
+    assert {arm.cut for arm in middle.arms} == {(27, 21, 16), (28, 21, 15), (29, 19, 16), (28, 19, 17)}
+
+
+def test_arms_say_when_a_direction_is_blocked():
+    plan = suggest_arms((1, 5), 0)
+    assert [arm.cut for arm in plan.arms] == [(2, 4)]
+    assert "cannot give" in plan.notes[0]
+
+
+@given(st.lists(st.integers(1, 12), min_size=2, max_size=6), st.data())
+def test_every_arm_is_a_valid_cut(cut, data):
+    rank = data.draw(st.integers(0, len(cut) - 1))
+    step = data.draw(st.integers(1, 4))
+    for arm in suggest_arms(cut, rank, step).arms:
+        assert sum(arm.cut) == sum(cut) and min(arm.cut) >= 1
+        assert arm.cut[rank] - cut[rank] == arm.delta_layers
+
+
+@pytest.mark.parametrize("args, message", [
+    (((28, 20, 16), 3), "rank 3"), (((28, 20, 16), 0, 0), "step"), (((64,), 0), "single-rank"),
+    (((28, 0, 16), 0), "positive whole number"),
+])
+def test_suggest_arms_rejects_bad_inputs(args, message):
+    with pytest.raises(SolverError, match=message):
+        suggest_arms(*args)
+
+
+@pytest.mark.parametrize("samples, message", [
+    ([], "at least one"),
+    ([((28, 20, 16), (1.0, 2.0))], "one stage time"),
+    ([((28, 20, 16), (1.0, -2.0, 3.0))], "positive finite"),
+    ([((28, 20, 16), MS), ((28, 20, 17), MS)], "same rig and model"),
+    ([{"cut": [28, 20, 16]}], "cut and stage_ms"),
+    ([42], "expected \\(cut, stage_ms"),
+])
+def test_parse_samples_rejects_bad_inputs(samples, message):
+    with pytest.raises(SolverError, match=message):
+        parse_samples(samples)
+
+
+def test_samples_accept_dicts_and_dataclasses():
+    parsed = parse_samples([{"cut": [28, 20, 16], "stage_ms": list(MS)}, Sample(INCUMBENT, MS)])
+    assert parsed[0] == parsed[1] and parsed[0].to_dict() == {"cut": list(INCUMBENT), "stage_ms": list(MS)}
+
+
+def test_coverage_rejects_bad_sd_target_and_incumbent():
+    with pytest.raises(SolverError, match="sd_ms"):
+        coverage([(INCUMBENT, MS)], sd_ms=[1.0, 2.0])
+    with pytest.raises(SolverError, match="sd_ms"):
+        coverage([(INCUMBENT, MS)], sd_ms="3ms")
+    with pytest.raises(SolverError, match="target"):
+        coverage([(INCUMBENT, MS)], target=0)
+    with pytest.raises(SolverError, match="incumbent"):
+        coverage([(INCUMBENT, MS)], incumbent=(30, 20, 16))
+
+
+def test_coverage_to_dict_is_json_ready():
+    import json
+    text = json.dumps(coverage([(INCUMBENT, MS), ((29, 19, 16), (51.0, 147.1, 116.0))]).to_dict(), allow_nan=False)
+    assert '"unidentified": [2]' in text
