@@ -62,3 +62,12 @@ def head_geometry(fields: ConfigFields, hidden: int, heads: int) -> tuple[int, i
     kv_heads = fields.get("num_key_value_heads", default=heads)
     head_dim = fields.get("head_dim", default=None) or hidden // heads
     return kv_heads, head_dim
+
+
+def require_all(fields: ConfigFields, *names: str, also_missing: tuple[str, ...] = ()) -> list:
+    """Like ConfigFields.require, but one error also lists `also_missing` (alternatives found absent
+    earlier), so an operator fixing a config learns every missing field at once."""
+    absent = [*also_missing, *(name for name in names if fields.config.get(name) is None)]
+    if absent:
+        raise fields.missing(*absent)
+    return [fields.config[name] for name in names]

@@ -8,7 +8,7 @@ modeling_chatglm.py.
 from __future__ import annotations
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer
+from solvers.census.families.attention import attention_layer, require_all
 from solvers.census.families.common import build_census, mlp_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
@@ -16,13 +16,14 @@ from solvers.census.model import ModelCensus
 
 @adapter("chatglm")
 def chatglm(fields: ConfigFields) -> ModelCensus:
-    hidden, num_layers, heads, ffn_hidden = fields.require(
-        "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"
-    )
-    head_dim = fields.get("kv_channels", default=hidden // heads)
     # Without multi_query_attention every head keeps its own K and V.
-    multi_query = fields.get("multi_query_attention", default=False)
-    kv_heads = fields.get("multi_query_group_num") if multi_query else heads
+    multi_query = bool(fields.get("multi_query_attention", default=False))
+    hidden, num_layers, heads, ffn_hidden, _, *groups = require_all(
+        fields, "hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "padded_vocab_size",
+        *(("multi_query_group_num",) if multi_query else ()),
+    )
+    kv_heads = groups[0] if multi_query else heads
+    head_dim = fields.get("kv_channels", default=hidden // heads)
     linear_bias = bool(fields.get("add_bias_linear", default=False))
     qkv_bias = linear_bias or bool(fields.get("add_qkv_bias", default=False))
     # RMSNorm has a weight; LayerNorm a weight and a bias.
@@ -37,6 +38,6 @@ def chatglm(fields: ConfigFields) -> ModelCensus:
     if fields.get("pre_seq_len", default=None):
         notes = ("p-tuning prefix encoder (pre_seq_len) not counted",)
     return build_census(
-        fields, layers, hidden=hidden, intermediate=ffn_hidden, vocab_field=("padded_vocab_size", "vocab_size"),
+        fields, layers, hidden=hidden, intermediate=ffn_hidden, vocab_field=("padded_vocab_size",),
         final_norm_params=final_norm, notes=notes,
     )

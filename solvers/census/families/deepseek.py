@@ -9,16 +9,18 @@ import math
 from dataclasses import replace
 
 from solvers.census.families import adapter
+from solvers.census.families.attention import require_all
 from solvers.census.families.common import build_census
 from solvers.census.fields import ConfigFields
 from solvers.census.model import LayerCensus, LayerKind, ModelCensus
 
 # A layer as weight matrices (out, in, how many) plus loose parameters: norms, router, biases.
 Matrices = list[tuple[int, int, int]]
+_MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def _attention(fields: ConfigFields, hidden: int, heads: int) -> tuple[Matrices, int]:
-    kv_lora, nope, rope, v_dim = fields.require("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    kv_lora, nope, rope, v_dim = (fields.config[name] for name in _MLA_FIELDS)
     q_lora = fields.get("q_lora_rank", default=None)  # null on V2-Lite: a plain q_proj
     bias = bool(fields.get("attention_bias", default=False))
     q_width = heads * (nope + rope)
@@ -32,15 +34,19 @@ def _attention(fields: ConfigFields, hidden: int, heads: int) -> tuple[Matrices,
     return matrices, loose
 
 
+def _moe_freq(fields: ConfigFields) -> int:
+    # DeepSeek's own modeling code makes a layer MoE when index % moe_layer_freq == 0 (transformers
+    # assumes 1, which every published config uses).
+    return fields.get("moe_layer_freq", default=1)
+
+
 def _ffn(fields: ConfigFields, hidden: int, index: int) -> tuple[Matrices, int, int, str]:
     """(matrices, loose bf16 params, loose fp32 params, "dense" | "moe") of one layer's FFN."""
-    first_dense = fields.get("first_k_dense_replace", default=0)
-    freq = fields.get("moe_layer_freq", default=1)
     experts = fields.get("n_routed_experts", default=0)
-    if not experts or index < first_dense or index % freq:
-        intermediate = fields.get("intermediate_size")
+    if not experts or index < fields.get("first_k_dense_replace", default=0) or index % _moe_freq(fields):
+        intermediate = fields.config["intermediate_size"]
         return [(intermediate, hidden, 2), (hidden, intermediate, 1)], 0, 0, "dense"
-    expert = fields.get("moe_intermediate_size")
+    expert = fields.config["moe_intermediate_size"]
     shared = expert * fields.get("n_shared_experts", default=0)
     matrices = [(expert, hidden, 2 * experts), (hidden, expert, experts)]
     if shared:
@@ -59,8 +65,11 @@ def _fp8_block_bytes(matrices: Matrices, block: tuple[int, int]) -> int:
 
 @adapter("deepseek_v2", "deepseek_v3")
 def deepseek(fields: ConfigFields) -> ModelCensus:
-    hidden, num_layers, heads, kv_lora, rope = fields.require(
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim"
+    experts = fields.get("n_routed_experts", default=0)
+    has_dense = not experts or fields.get("first_k_dense_replace", default=0) > 0 or _moe_freq(fields) > 1
+    hidden, num_layers, heads, kv_lora, _, rope, *_ = require_all(
+        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", *_MLA_FIELDS, "vocab_size",
+        *(("intermediate_size",) if has_dense else ()), *(("moe_intermediate_size",) if experts else ()),
     )
     attention, attention_loose = _attention(fields, hidden, heads)
     quant = fields.get("quantization_config", default={})

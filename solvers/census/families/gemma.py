@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, attention_params, declared_layer_types
+from solvers.census.families.attention import attention_layer, attention_params, declared_layer_types, require_all
 from solvers.census.families.common import build_census, mlp_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
@@ -58,8 +58,8 @@ def _layer_types(fields: ConfigFields, num_layers: int) -> list[str]:
 
 def siglip_params(vision: ConfigFields) -> int:
     """A SigLIP vision tower: patch conv, position table, pre-LN encoder layers with biases, post-LN, optional head."""
-    hidden, intermediate, num_layers, image, patch = vision.require(
-        "hidden_size", "intermediate_size", "num_hidden_layers", "image_size", "patch_size"
+    hidden, intermediate, num_layers, image, patch = require_all(
+        vision, "hidden_size", "intermediate_size", "num_hidden_layers", "image_size", "patch_size"
     )
     channels = vision.get("num_channels", default=3)
     mlp = hidden * intermediate + intermediate + intermediate * hidden + hidden  # fc1, fc2 with biases
@@ -75,8 +75,8 @@ def siglip_params(vision: ConfigFields) -> int:
 @adapter("gemma2", "gemma3", "gemma3_text")
 def gemma(fields: ConfigFields) -> ModelCensus:
     text, notes = _text_fields(fields)
-    hidden, num_layers, heads, intermediate = text.require(
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"
+    hidden, num_layers, heads, intermediate = require_all(
+        text, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"
     )
     kv_heads = text.get("num_key_value_heads", default=heads)
     head_dim = text.get("head_dim")

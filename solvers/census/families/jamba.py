@@ -9,15 +9,17 @@ from __future__ import annotations
 import math
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, attention_params, head_geometry
+from solvers.census.families.attention import attention_layer, attention_params, head_geometry, require_all
 from solvers.census.families.common import build_census, mlp_params, moe_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import LayerCensus, LayerKind, ModelCensus
 
+_MAMBA_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand")
+
 
 def _mamba_params(fields: ConfigFields, hidden: int) -> tuple[int, int, int, int]:
     """(weight params, d_inner, d_conv, d_state) of one Mamba mixer."""
-    d_state, d_conv, expand = fields.require("mamba_d_state", "mamba_d_conv", "mamba_expand")
+    d_state, d_conv, expand = (fields.config[name] for name in _MAMBA_FIELDS)
     d_inner = expand * hidden
     dt_rank = fields.get("mamba_dt_rank", default="auto")
     dt_rank = math.ceil(hidden / 16) if dt_rank == "auto" else dt_rank
@@ -39,12 +41,15 @@ def _mamba_params(fields: ConfigFields, hidden: int) -> tuple[int, int, int, int
 
 @adapter("jamba")
 def jamba(fields: ConfigFields) -> ModelCensus:
-    hidden, num_layers, heads, intermediate = fields.require(
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"
-    )
-    attn_period, attn_offset = fields.get("attn_layer_period"), fields.get("attn_layer_offset")
-    expert_period, expert_offset = fields.get("expert_layer_period"), fields.get("expert_layer_offset")
     num_experts = fields.get("num_experts", default=1)
+    # The layer plan is read, never assumed: JambaConfig's defaults (period 8, offset 4, ...) are not
+    # a published model's.
+    expert_plan = ("expert_layer_period", "expert_layer_offset") if num_experts > 1 else ()
+    hidden, num_layers, heads, intermediate, attn_period, attn_offset, *rest = require_all(
+        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+        "attn_layer_period", "attn_layer_offset", *expert_plan, *_MAMBA_FIELDS, "vocab_size",
+    )
+    expert_period, expert_offset = rest[:2] if expert_plan else (1, 1)
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     attention = attention_params(hidden, heads, kv_heads, head_dim)
     mamba, d_inner, d_conv, d_state = _mamba_params(fields, hidden)

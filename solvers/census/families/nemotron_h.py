@@ -7,7 +7,7 @@ Every layer carries a single RMSNorm. '-' and 'E' layers have no token mixer and
 from __future__ import annotations
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, attention_params
+from solvers.census.families.attention import attention_layer, attention_params, require_all
 from solvers.census.families.common import build_census, mlp_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import LayerCensus, LayerKind, ModelCensus
@@ -21,8 +21,20 @@ _BLOCKS = {
 }
 
 
+# Fields each block kind needs; hidden_size and vocab_size are needed by all.
+_NEEDS = {
+    "mamba": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
+    "attention": ("num_attention_heads",),
+    "mlp": ("intermediate_size",),
+    "moe": ("n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size"),
+}
+_PATTERN_NAMES = ("hybrid_override_pattern", "layers_block_type", "layer_types")
+
+
 def _blocks(fields: ConfigFields) -> list[str]:
-    pattern = fields.get("hybrid_override_pattern", "layers_block_type", "layer_types")
+    pattern = fields.get(*_PATTERN_NAMES, default=None)
+    if pattern is None:
+        require_all(fields, "hidden_size", "vocab_size", also_missing=(" or ".join(_PATTERN_NAMES),))
     unknown = sorted({str(block) for block in pattern if block not in _BLOCKS})
     if unknown:
         raise fields.missing(f"a pattern of M, *, - or E (got {', '.join(unknown)})")
@@ -34,9 +46,7 @@ def _blocks(fields: ConfigFields) -> list[str]:
 
 def _mamba2(fields: ConfigFields, hidden: int) -> tuple[int, int, int]:
     """(weight params, conv state elements, recurrent state elements) of one Mamba2 mixer."""
-    heads, head_dim, d_state, groups, kernel = fields.require(
-        "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"
-    )
+    heads, head_dim, d_state, groups, kernel = (fields.config[name] for name in _NEEDS["mamba"])
     bias = bool(fields.get("use_bias", default=False))
     inner = heads * head_dim
     conv_channels = inner + 2 * groups * d_state  # x, B and C pass through the depthwise conv
@@ -52,9 +62,7 @@ def _mamba2(fields: ConfigFields, hidden: int) -> tuple[int, int, int]:
 
 
 def _moe(fields: ConfigFields, hidden: int) -> int:
-    experts, expert, shared = fields.require(
-        "n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size"
-    )
+    experts, expert, shared = (fields.config[name] for name in _NEEDS["moe"])
     bias = bool(fields.get("mlp_bias", default=False))
     latent = fields.get("moe_latent_size", default=None)
     width = latent or hidden  # experts may work in a smaller latent space
@@ -68,8 +76,9 @@ def _moe(fields: ConfigFields, hidden: int) -> int:
 
 @adapter("nemotron_h")
 def nemotron_h(fields: ConfigFields) -> ModelCensus:
-    hidden = fields.require("hidden_size")[0]
     blocks = _blocks(fields)
+    needed = dict.fromkeys(name for block in blocks for name in _NEEDS[block])
+    hidden = require_all(fields, "hidden_size", "vocab_size", *needed)[0]
     layers = []
     for index, block in enumerate(blocks):
         if block == "mamba":

@@ -8,6 +8,7 @@ from solvers.census.families.attention import (
     attention_params,
     declared_layer_types,
     head_geometry,
+    require_all,
     sliding_window,
 )
 from solvers.census.families.common import build_census, mlp_params
@@ -47,8 +48,8 @@ def qwen_attention_params(fields: ConfigFields, hidden: int, heads: int, kv_head
 
 @adapter("qwen2", "qwen3")
 def qwen(fields: ConfigFields) -> ModelCensus:
-    hidden, num_layers, heads, intermediate = fields.require(
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"
+    hidden, num_layers, heads, intermediate, _ = require_all(
+        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"
     )
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     per_layer = qwen_attention_params(fields, hidden, heads, kv_heads, head_dim) + mlp_params(hidden, intermediate)

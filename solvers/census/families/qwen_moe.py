@@ -6,7 +6,7 @@ Qwen2-MoE adds a shared expert behind a sigmoid gate; Qwen3-MoE has none.
 from __future__ import annotations
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, head_geometry, sliding_window
+from solvers.census.families.attention import attention_layer, head_geometry, require_all, sliding_window
 from solvers.census.families.common import build_census, mlp_params, moe_params
 from solvers.census.families.qwen import qwen_attention_params, qwen_layer_types
 from solvers.census.fields import ConfigFields
@@ -15,30 +15,28 @@ from solvers.census.model import ModelCensus
 
 @adapter("qwen2_moe", "qwen3_moe")
 def qwen_moe(fields: ConfigFields) -> ModelCensus:
-    hidden, num_layers, heads, num_experts, expert_intermediate = fields.require(
-        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts", "moe_intermediate_size"
+    sparse_step = fields.get("decoder_sparse_step", default=1)
+    mlp_only = set(fields.get("mlp_only_layers", default=[]))
+    # Layers left dense (mlp_only_layers, off-step layers, or no experts) are sized by intermediate_size.
+    has_dense = bool(mlp_only) or sparse_step > 1 or not fields.get("num_experts", default=0)
+    hidden, num_layers, heads, num_experts, expert_intermediate, *_ = require_all(
+        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts", "moe_intermediate_size",
+        "vocab_size", *(("shared_expert_intermediate_size",) if fields.family == "qwen2_moe" else ()),
+        *(("intermediate_size",) if has_dense else ()),
     )
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     attention = qwen_attention_params(fields, hidden, heads, kv_heads, head_dim)
-    shared = fields.get("shared_expert_intermediate_size") if fields.family == "qwen2_moe" else 0
-    sparse_step = fields.get("decoder_sparse_step", default=1)
-    mlp_only = set(fields.get("mlp_only_layers", default=[]))
+    shared = fields.config["shared_expert_intermediate_size"] if fields.family == "qwen2_moe" else 0
+    dense = mlp_params(hidden, fields.config["intermediate_size"]) if has_dense else 0
     layer_types = qwen_layer_types(fields, num_layers)
     window = sliding_window(fields, layer_types)
 
     moe = moe_params(hidden, num_experts, expert_intermediate, shared_intermediate=shared, shared_gate=bool(shared))
-    dense_intermediate = None
     layers = []
     for index, layer_type in enumerate(layer_types):
         is_moe = num_experts > 0 and index not in mlp_only and (index + 1) % sparse_step == 0
-        if is_moe:
-            ffn = moe
-        else:
-            # Only layers left dense need intermediate_size, so only they demand it.
-            dense_intermediate = dense_intermediate or fields.get("intermediate_size")
-            ffn = mlp_params(hidden, dense_intermediate)
         layers.append(attention_layer(
-            index, attention + ffn + 2 * hidden, kv_heads=kv_heads, head_dim=head_dim,
+            index, attention + (moe if is_moe else dense) + 2 * hidden, kv_heads=kv_heads, head_dim=head_dim,
             window=window if layer_type == "sliding_attention" else None, ffn="moe" if is_moe else "dense",
         ))
     intermediate = max(fields.get("intermediate_size", default=0), expert_intermediate, shared)
