@@ -99,3 +99,50 @@ def test_frontier_min_pool_ratio_filters(capsys):
     data = run_json(capsys, "frontier", "--rig", "reference", "--model", "reference-hybrid-64",
                     "--min-pool-ratio", "1.0")
     assert data["points"] and all(point["pool_ratio"] >= 1.0 for point in data["points"])
+
+
+def test_fit_json_contract(capsys):
+    data = run_json(capsys, "fit", "--kv-bytes-per-token", "32768", "--pool-bytes", "4GiB", "--max-model-len", "32768")
+    assert data["tokens"] == 4 * 2**30 // 32768 and data["concurrency"] == 4.0
+
+
+def test_fit_on_a_rig_prices_the_pool_itself(capsys):
+    data = run_json(capsys, "fit", "--model", "reference-hybrid-64", "--rig", "reference", "--max-model-len", "32768",
+                    "--seqs", "1")
+    assert data["cut"] == [28, 20, 16] and data["binding_rank"] == 1
+    assert data["tokens"] == data["pool_tokens"] and data["fits"]
+    refused = run_json(capsys, "fit", "--model", "reference-hybrid-64", "--rig", "reference", "--max-model-len",
+                       "32768", "--seqs", "64")
+    assert not refused["fits"] and "does not fit" in refused["refusal"]
+
+
+def test_shape_steps_down_then_tries_a_bonus_step(capsys):
+    data = run_json(capsys, "shape", "--model", "reference-hybrid-64", "--rig", "reference", "--seqs", "4")
+    tried = [t["max_model_len"] for t in data["tried"]]
+    assert tried[0] == 262144  # the model's limit, then 16k steps down
+    assert tried[-2:] == [16384, 16384 + 8192]  # the first fit, then one half-step bonus that does not
+    assert data["max_model_len"] == 16384
+
+
+def test_ladder_and_calibrate_commands(capsys):
+    data = run_json(capsys, "ladder", "--model", "reference-hybrid-64", "--rig", "reference",
+                    "--rung", "28,20,16", "--rung", "34,15,15")
+    assert data["switch_cost_s"] > 0 and len(data["rungs"]) == 2
+    cov = run_json(capsys, "calibrate", "--sample", "28,20,16:49.2,154.8,116.4", "--sample",
+                   "30,18,16:52.3,140.1,116.9", "--sd-ms", "3")
+    assert [rank["identified"] for rank in cov["ranks"]] == [True, True, False]
+    assert cov["ranks"][2]["samples_needed"] == "inf"
+    assert cov["arms"][0]["rank"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fit", "--max-model-len", "10"], "give --kv-bytes-per-token and --pool-bytes"),
+    (["fit", "--model", "reference-hybrid-64", "--max-model-len", "10"], "--model and --rig together"),
+    (["fit", "--kv-bytes-per-token", "10", "--pool-bytes", "-5", "--max-model-len", "10"], "cannot be negative"),
+    (["calibrate", "--sample", "28,20,16"], "CUT:STAGE_MS"),
+    (["ladder", "--model", "reference-hybrid-64", "--rig", "reference", "--rung", "28,20,16", "--rung", "34,15,15",
+      "--fill-trace", "[1, -2]", "--ascend-above", "5", "--descend-below", "2"], "non-negative token counts"),
+])
+def test_bad_shape_input_is_refused(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
