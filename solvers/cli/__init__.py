@@ -34,10 +34,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SolverError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, default=_json_default))
-    else:
-        print(text)
+    try:
+        print(json.dumps(data, indent=2, default=_json_default) if getattr(args, "json", False) else text)
+    except BrokenPipeError:  # the reader (e.g. `| head`) went away; nothing left to say
+        sys.stderr.close()
     return 0
 
 
