@@ -159,6 +159,7 @@ def compute_frontier(model: ModelCensus, rig: Rig, *, shape: ServingShape | None
 
     pricer = CutPricer(model, rig, shape)
     head = report_cut(pricer, timing, incumbent)
+    head = report_cut(pricer, timing, incumbent, head.pool_tokens)  # its own ratio: 1.0 when it has a pool
     if not head.feasible:
         notes.append(f"incumbent {list(incumbent)} is refused: {'; '.join(head.reasons)}")
 
