@@ -21,7 +21,7 @@ _MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_d
 
 def _attention(fields: ConfigFields, hidden: int, heads: int) -> tuple[Matrices, int]:
     kv_lora, nope, rope, v_dim = (fields.config[name] for name in _MLA_FIELDS)
-    q_lora = fields.get("q_lora_rank", default=None)  # null on V2-Lite: a plain q_proj
+    q_lora = fields.config["q_lora_rank"]  # null on V2-Lite: a plain q_proj
     bias = bool(fields.get("attention_bias", default=False))
     q_width = heads * (nope + rope)
     if q_lora:
@@ -70,6 +70,8 @@ def deepseek(fields: ConfigFields) -> ModelCensus:
     hidden, num_layers, heads, kv_lora, _, rope, *_ = require_all(
         fields, "hidden_size", "num_hidden_layers", "num_attention_heads", *_MLA_FIELDS, "vocab_size",
         *(("intermediate_size",) if has_dense else ()), *(("moe_intermediate_size",) if experts else ()),
+        # null means a plain q_proj (V2-Lite); an absent key is not the same statement, so it is demanded.
+        also_missing=() if "q_lora_rank" in fields.config else ("q_lora_rank",),
     )
     attention, attention_loose = _attention(fields, hidden, heads)
     quant = fields.get("quantization_config", default={})
