@@ -41,6 +41,7 @@ class RankBudget:
     margin_bytes: int
     cell_bytes: int  # KV bytes per token on this rank
     refusal: str | None
+    block_size: int = 1  # tokens per KV block: the pool is a whole number of blocks
 
     @property
     def free_bytes(self) -> int:
@@ -50,10 +51,11 @@ class RankBudget:
 
     @property
     def allowed_tokens(self) -> int | None:
-        """Tokens this rank can hold under its floor; None when it has no attention layers."""
+        """Tokens this rank can hold under its floor, in whole KV blocks; None without attention layers."""
         if self.cell_bytes == 0:
             return None
-        return max(0, (self.free_bytes - self.floor.bytes - self.margin_bytes) // self.cell_bytes)
+        tokens = max(0, (self.free_bytes - self.floor.bytes - self.margin_bytes) // self.cell_bytes)
+        return tokens - tokens % self.block_size
 
     def table_row(self, pool_tokens: int | None) -> dict:
         allowed = self.allowed_tokens
@@ -154,7 +156,7 @@ class CutPricer:
             state_bytes=self.shape.max_num_seqs * (self._state[stop] - self._state[start]),
             workspace_bytes=self._workspace[rank], arena_bytes=self.arena_bytes[rank],
             floor=arming_floor(spec, attention), margin_bytes=spec.margin_bytes,
-            cell_bytes=self._kv[stop] - self._kv[start], refusal=None,
+            cell_bytes=self._kv[stop] - self._kv[start], refusal=None, block_size=self.shape.block_size,
         )
         clearance = budget.free_bytes - budget.floor.bytes - budget.margin_bytes
         if clearance < 0:

@@ -13,11 +13,13 @@ class ServingShape:
     max_model_len: int = 32768
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 8192
+    # KV is handed out in blocks of this many tokens, so a pool is a whole number of blocks.
+    block_size: int = 16
     kv_dtype: str | None = None  # None: the model's dtype
     state_dtype: str | None = None  # None: the model's dtype
 
     def __post_init__(self) -> None:
-        for field_name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        for field_name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise SolverError(f"shape.{field_name}: must be a positive integer (got {value!r})")

@@ -76,6 +76,7 @@ def tp_pool(model: ModelCensus, rig: Rig, vector: str | Sequence[float],
         clearance = free - arming_floor(spec, len(model.attention_layers)).bytes - spec.margin_bytes
         if clearance < 0:
             reasons.append(f"rank {i} ({spec.name}) cannot clear its arming floor by {-clearance} B")
-        capacities.append(max(0, clearance) // cell)
+        tokens = max(0, clearance) // cell
+        capacities.append(tokens - tokens % shape.block_size)
     pool, binder = min((int(capacities[i] / shares[i]), i) for i in range(ranks))
     return TensorParallelPool(vector, shares, cell, tuple(capacities), pool, sum(capacities), binder, tuple(reasons))

@@ -13,17 +13,26 @@ def test_pp_pool_is_the_min_over_ranks_of_hand_computed_allowed_tokens():
     # rank 0: 64 - 1 overhead - (4 layers x 2 MiB + 1 MiB embeddings) - 1 workspace - 2 seqs x 3 linear x 8 KiB
     assert rank0["weights"] == 9 * MIB and rank0["state"] == 48 * 1024
     assert rank0["floor"] == 3 * MIB + 2 * MIB  # corridor 4 MiB less 25%, plus the 2 MiB seam reserve
-    assert rank0["allowed"] == 24552
+    # (64 - 1 - 9 - 1 - 48 KiB - 5 MiB) / 2048 B = 24552 tokens, floored to whole 16-token blocks
+    assert rank0["allowed"] == 24544
     assert rank1["cell_bytes"] == 3 * 2048
-    assert rank1["allowed"] == 5437
-    assert (result.pool_tokens, result.binding_rank) == (5437, 1)
-    assert rank1["slack"] == 0 and rank0["slack"] == 24552 - 5437
+    assert rank1["allowed"] == 5424  # 5437.33 tokens -> 339 blocks of 16
+    assert (result.pool_tokens, result.binding_rank) == (5424, 1)
+    assert rank1["slack"] == 0 and rank0["slack"] == 24544 - 5424
     assert result.attention_split == (1, 3)
+
+
+def test_the_pool_is_a_whole_number_of_kv_blocks():
+    shape = {"max_model_len": 64, "max_num_seqs": 2, "max_num_batched_tokens": 64, "kv_dtype": "bf16"}
+    exact = pp_pool(hybrid_census(), make_rig(["64MiB", "64MiB"], shape={**shape, "block_size": 1}), [4, 12])
+    blocked = pp_pool(hybrid_census(), make_rig(["64MiB", "64MiB"], shape={**shape, "block_size": 32}), [4, 12])
+    assert exact.pool_tokens == 5437
+    assert blocked.pool_tokens == 5437 // 32 * 32
 
 
 def test_ties_bind_on_the_lowest_rank():
     result = pp_pool(hybrid_census(), make_rig(["64MiB", "64MiB"]), [8, 8])
-    assert result.pool_tokens == 10216 and result.binding_rank == 0
+    assert result.pool_tokens == 10208 and result.binding_rank == 0
 
 
 def test_a_token_vector_passed_to_a_pp_pool_is_a_type_error():
@@ -87,7 +96,8 @@ def test_the_arena_costs_pool_on_the_rank_that_holds_it():
     armed = CutPricer(model, rig, arena_bytes=[0, 4 * MIB]).price([4, 12])
     assert armed.table()[1]["arena"] == 4 * MIB
     row = plain.table()[1]
-    assert armed.pool_tokens == (row["rest"] - 4 * MIB - row["floor"]) // row["cell_bytes"]
+    tokens = (row["rest"] - 4 * MIB - row["floor"]) // row["cell_bytes"]
+    assert armed.pool_tokens == tokens - tokens % 16
     assert armed.pool_tokens < plain.pool_tokens
 
 
