@@ -1,0 +1,57 @@
+"""Full (or sliding-window) attention over the paged KV cache: projections, q/k norm, rotary, optional output gate.
+
+One class covers the families: Llama/Mistral (plain), Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and Qwen3-Next
+(one-centred q/k norm, partial rotary, and a sigmoid gate on the output that q_proj yields alongside the queries).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import apply_rotary
+from engine.layers.step import LayerStep
+from engine.ops.attention import paged_attention
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.window = config.sliding_window(layer_index)
+        self.gated = config.attn_output_gate
+        hidden = config.hidden_size
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(hidden, q_width * (2 if self.gated else 1), bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_width, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_width, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_width, hidden, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.one_centred_norm)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.one_centred_norm)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x)
+        gate = None
+        if self.gated:
+            # Per head, q_proj yields [query | gate] side by side.
+            q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(tokens, -1)
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
+        k_cache, v_cache = step.caches.kv(self.layer_index)
+        out = paged_attention(q, k, v, k_cache, v_cache, step.paged, self.head_dim**-0.5, self.window)
+        out = out.reshape(tokens, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)

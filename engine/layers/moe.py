@@ -1,0 +1,63 @@
+"""Sparse MoE FFN: softmax router, top-k (optionally renormalised), routed experts and a sigmoid-gated shared expert.
+
+Expert weights are held fused as 3-D tensors (gate and up stacked), the layout transformers keeps in memory;
+the loader builds them from either checkpoint layout (per-expert tensors or fused).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.mlp import GatedMLP
+
+
+class Experts(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.num_experts = num_experts
+        # gate rows first, then up rows, as transformers stacks them.
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [tokens, hidden]; expert_ids, weights [tokens, top_k]."""
+        out = torch.zeros_like(x)
+        # Group by expert: each hit expert runs once on all tokens routed to it.
+        for expert in torch.unique(expert_ids).tolist():
+            token_idx, slot = torch.where(expert_ids == expert)
+            gate, up = F.linear(x[token_idx], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down_proj[expert]) * weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
+
+
+class SparseMoE(nn.Module):
+    def __init__(
+        self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
+        norm_topk_prob: bool, shared_intermediate_size: int = 0,
+    ):
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)  # the router
+        self.experts = Experts(num_experts, hidden_size, intermediate_size)
+        self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
+        self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k expert ids and their weights per token; probabilities in float32 like the reference."""
+        logits = self.gate(x)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return expert_ids, weights.to(logits.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        expert_ids, weights = self.route(x)
+        out = self.experts(x, expert_ids, weights)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

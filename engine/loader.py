@@ -1,0 +1,190 @@
+"""Load a HuggingFace safetensors checkpoint into a layer range of the model.
+
+Reads a single `model.safetensors` or a sharded `model.safetensors.index.json`, and only the tensors the range
+owns (its layers; the embeddings on the first range; final norm and lm_head on the last). MoE experts load from
+either layout: per-expert `mlp.experts.{e}.{gate,up,down}_proj.weight` (what `save_pretrained` writes) or fused
+3-D `mlp.experts.gate_up_proj` / `down_proj` (what transformers 5 holds in memory). Every name and shape is
+checked against the model before any tensor is read, and all problems are reported at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.config import ModelConfig
+from engine.errors import EngineLoadError
+from engine.models import RangeCausalLM, model_class
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Checkpoint tensors no model here uses: multi-token-prediction heads, rotary caches of old exports.
+_IGNORED = re.compile(r"^mtp\.|rotary_emb\.inv_freq$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_EXPERTS = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_MAX_LISTED = 20
+
+
+@dataclass
+class LoadReport:
+    folder: str
+    files: list[str]
+    expert_layout: str | None  # per_expert | fused | None (no MoE layer in the range)
+    tensors: int = 0  # checkpoint tensors read
+    bytes: int = 0  # bytes of the loaded parameters
+    checksums: dict[str, int] = field(default_factory=dict)  # parameter name -> crc32 of its bytes, when asked
+
+
+@dataclass
+class _Source:
+    """How one model parameter is made from checkpoint tensors."""
+
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    combine: Callable[[list[torch.Tensor]], torch.Tensor] = lambda tensors: tensors[0]
+
+
+def checkpoint_files(folder: str | Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it."""
+    folder = Path(folder)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as error:
+            raise EngineLoadError(f"{index}: not a readable safetensors index ({error})") from error
+        files = {name: folder / file for name, file in weight_map.items()}
+        for path in sorted(set(files.values())):
+            if not path.is_file():
+                raise EngineLoadError(f"{index}: shard {path.name} is listed but missing from {folder}")
+        return files
+    single = folder / SINGLE_FILE
+    if not single.is_file():
+        raise EngineLoadError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}")
+    with safe_open(single, framework="pt") as handle:
+        return {name: single for name in handle.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+
+
+def _checkpoint_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(set(files.values())):
+        with safe_open(path, framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118
+                if files.get(name) == path:
+                    shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def _plan(model: RangeCausalLM, available: set[str]) -> tuple[dict[str, _Source], str | None]:
+    """Parameter name -> its checkpoint source(s), choosing each MoE layer's expert layout from what is present."""
+    config = model.config
+    plan: dict[str, _Source] = {}
+    layout = None
+    for name, param in model.named_parameters():
+        shape = tuple(param.shape)
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            plan[name] = _Source(["model.embed_tokens.weight"], [shape])
+        elif name.startswith("lm_head."):
+            plan[name] = _Source([name], [shape])
+        elif (match := _EXPERTS.match(name)) and f"model.{name}" not in available:
+            prefix, kind = f"model.{match.group(1)}", match.group(2)
+            experts = range(shape[0])
+            if kind == "gate_up_proj":
+                half = (shape[1] // 2, shape[2])
+                names = [f"{prefix}.{e}.{proj}.weight" for e in experts for proj in ("gate_proj", "up_proj")]
+                plan[name] = _Source(names, [half] * len(names), lambda ts: torch.stack(
+                    [torch.cat(ts[i:i + 2]) for i in range(0, len(ts), 2)]))
+            else:
+                names = [f"{prefix}.{e}.down_proj.weight" for e in experts]
+                plan[name] = _Source(names, [shape[1:]] * len(names), torch.stack)
+            layout = "per_expert"
+        else:
+            plan[name] = _Source([f"model.{name}"], [shape])
+            if _EXPERTS.match(name):
+                layout = "fused"
+    return plan, layout
+
+
+def _owned(name: str, model: RangeCausalLM) -> bool:
+    """Whether a checkpoint tensor is this range's to load (a tensor no range owns counts as everyone's)."""
+    if match := _LAYER.match(name):
+        index = int(match.group(1))
+        return model.start <= index < model.stop or not 0 <= index < model.config.num_layers
+    if name == "model.embed_tokens.weight":
+        return model.is_first or (model.is_last and model.config.tie_word_embeddings)
+    if name in ("model.norm.weight", "lm_head.weight"):
+        return model.is_last and not (name == "lm_head.weight" and model.config.tie_word_embeddings)
+    return True
+
+
+def _problems(plan: dict[str, _Source], shapes: dict[str, tuple[int, ...]], model: RangeCausalLM) -> list[str]:
+    expected = {
+        name: shape for source in plan.values() for name, shape in zip(source.names, source.shapes, strict=True)
+    }
+    problems = [f"missing tensor {name} (expected shape {list(shape)})"
+                for name, shape in expected.items() if name not in shapes]
+    problems += [f"unexpected tensor {name} (shape {list(shape)})" for name, shape in shapes.items()
+                 if name not in expected and not _IGNORED.search(name) and _owned(name, model)
+                 and not (name == "lm_head.weight" and model.config.tie_word_embeddings)]
+    problems += [f"shape mismatch for {name}: expected {list(shape)}, got {list(shapes[name])}"
+                 for name, shape in expected.items() if name in shapes and shapes[name] != shape]
+    return problems
+
+
+def load_weights(model: RangeCausalLM, folder: str | Path, checksums: bool = False) -> LoadReport:
+    """Fill every parameter of `model` from the checkpoint in `folder`; EngineLoadError names every problem."""
+    files = checkpoint_files(folder)
+    shapes = _checkpoint_shapes(files)
+    plan, layout = _plan(model, set(shapes))
+    problems = _problems(plan, shapes, model)
+    if problems:
+        listed = "\n  ".join(problems[:_MAX_LISTED])
+        more = f"\n  ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+        raise EngineLoadError(
+            f"{folder}: checkpoint does not fit layers [{model.start}, {model.stop}) of the "
+            f"{model.config.family} model ({len(problems)} problem(s)):\n  {listed}{more}"
+        )
+    needed = sorted({name for source in plan.values() for name in source.names})
+    report = LoadReport(str(folder), sorted({files[name].name for name in needed}), layout, tensors=len(needed))
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted({files[name] for name in needed}):
+        with safe_open(path, framework="pt") as handle:
+            for name in needed:
+                if files[name] == path:
+                    tensors[name] = handle.get_tensor(name)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, source in plan.items():
+            param = params[name]
+            value = source.combine([tensors[n] for n in source.names]).to(param.dtype)
+            if checksums:
+                report.checksums[name] = zlib.crc32(value.contiguous().view(torch.uint8).numpy())
+            param.copy_(value)
+            report.bytes += param.numel() * param.element_size()
+    return report
+
+
+def build_model(config: ModelConfig, start: int = 0, stop: int | None = None, device: torch.device | str = "cpu",
+                dtype: torch.dtype | None = None) -> RangeCausalLM:
+    """An uninitialised model for the range: built on the meta device, then given real (empty) storage."""
+    with torch.device("meta"):
+        model = model_class(config)(config, start, stop)
+    model = model.to(dtype=dtype or config.torch_dtype).to_empty(device=device)
+    model.tie_weights()
+    return model.requires_grad_(False).eval()
+
+
+def load_model(folder: str | Path, start: int = 0, stop: int | None = None, *, device: torch.device | str = "cpu",
+               dtype: torch.dtype | None = None, checksums: bool = False) -> RangeCausalLM:
+    """Config + census from `folder/config.json`, the model for [start, stop), its weights; report on `.load_report`."""
+    config = ModelConfig.from_pretrained(folder)
+    model = build_model(config, start, stop, device, dtype)
+    model.load_report = load_weights(model, folder, checksums)
+    return model

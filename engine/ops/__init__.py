@@ -1,0 +1,4 @@
+"""Numerical kernels: attention over paged KV, the GDN recurrence, the short causal conv.
+
+Each has a PyTorch path that runs anywhere; a fused kernel is used only where it is importable and on its device.
+"""

@@ -1,0 +1,59 @@
+"""GDN's short causal depthwise conv (+ SiLU) with a per-sequence state of the last kernel - 1 inputs.
+
+State layout per slot: [channels, kernel - 1], oldest input first. A prefill chunk continues from the saved
+state (zeros for a new sequence); a decode token slides the window by one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.context import StepContext
+
+
+def conv_prefill(
+    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [tokens, channels], weight [channels, kernel], state [channels, kernel - 1] or None (a new sequence).
+
+    Returns (silu(conv(x)) [tokens, channels], the new state [channels, kernel - 1]) in x's dtype.
+    """
+    channels, kernel = weight.shape
+    history = state.to(weight.dtype) if state is not None else x.new_zeros(channels, kernel - 1, dtype=weight.dtype)
+    window = torch.cat((history, x.t().to(weight.dtype)), dim=-1)  # [channels, kernel - 1 + tokens]
+    out = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), groups=channels).squeeze(0)  # [channels, tokens]
+    return F.silu(out).t().to(x.dtype), window[:, window.shape[-1] - (kernel - 1):]
+
+
+def conv_decode(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: x [seqs, channels], state [seqs, channels, kernel - 1].
+
+    Returns (silu(conv) [seqs, channels], the new states [seqs, channels, kernel - 1]).
+    """
+    window = torch.cat((state.to(weight.dtype), x.to(weight.dtype).unsqueeze(-1)), dim=-1)  # [seqs, channels, kernel]
+    out = (window * weight.unsqueeze(0)).sum(dim=-1)
+    return F.silu(out).to(x.dtype), window[:, :, 1:]
+
+
+def conv_forward(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    """The whole step's tokens x [tokens, channels] (flat, batch order); reads and writes each sequence's slot.
+
+    Decode tokens (one new token on top of a cache) go through one batched window slide; prefill chunks one by one.
+    """
+    out = torch.empty_like(x)
+    offsets = ctx.token_offsets()
+    decoding = [i for i in range(ctx.num_seqs) if ctx.query_lens[i] == 1 and ctx.cached_lens[i] > 0]
+    if decoding:
+        rows = torch.tensor([offsets[i] for i in decoding], dtype=torch.long, device=x.device)
+        slots = torch.tensor([ctx.state_slots[i] for i in decoding], dtype=torch.long, device=x.device)
+        out[rows], states = conv_decode(x[rows], weight, conv_state[slots])
+        conv_state[slots] = states.to(conv_state.dtype)
+    for seq in range(ctx.num_seqs):
+        start, end = offsets[seq], offsets[seq + 1]
+        if seq in decoding or start == end:
+            continue
+        slot = ctx.state_slots[seq]
+        initial = conv_state[slot] if ctx.cached_lens[seq] > 0 else None
+        out[start:end], conv_state[slot] = conv_prefill(x[start:end], weight, initial)
+    return out

@@ -1,0 +1,125 @@
+"""Gated DeltaNet recurrence with a per-sequence state slot [value_heads, key_dim, value_dim].
+
+Per token t (q, k l2-normalised, q scaled by key_dim^-1/2, all in float32):
+    S <- exp(g_t) S;   u_t = beta_t (v_t - S^T k_t);   S <- S + k_t u_t^T;   o_t = S^T q_t
+Decode tokens take this step directly, batched over sequences. A prefill chunk of C tokens takes it in closed form:
+with G_t the cumulative log-decay inside the chunk and S0 the state entering it, the corrections u solve the unit
+lower-triangular system (I + A) u = beta v - beta e^G K S0, A[t, s] = beta_t e^(G_t - G_s) k_t.k_s (s < t), so the
+chunk costs a few matmuls and one triangular solve instead of C sequential updates.
+On CUDA, fla's fused kernels run instead when the package is importable.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.context import StepContext
+
+try:  # the fast path: flash-linear-attention's Triton kernels (CUDA only)
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
+except ImportError:  # not installed: the PyTorch path below always works
+    _fla_chunk = None
+
+CHUNK_SIZE = 64
+
+
+def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expand key heads to value heads (each key head serves consecutive value heads), l2-normalise, scale q."""
+    groups = v.shape[-2] // k.shape[-2]
+    q, k = q.float(), k.float()
+    if groups > 1:
+        q, k = q.repeat_interleave(groups, dim=-2), k.repeat_interleave(groups, dim=-2)
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    return q * q.shape[-1] ** -0.5, k
+
+
+def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: q, k [seqs, key_heads, key_dim], v [seqs, heads, value_dim], g, beta [seqs, heads],
+    state [seqs, heads, key_dim, value_dim]. Returns (out [seqs, heads, value_dim] fp32, new state fp32)."""
+    q, k = _prepare(q, k, v)
+    state = state.float() * g.float().exp()[..., None, None]
+    remembered = torch.einsum("shkv,shk->shv", state, k)
+    correction = (v.float() - remembered) * beta.float()[..., None]
+    state = state + k[..., None] * correction[..., None, :]
+    return torch.einsum("shkv,shk->shv", state, q), state
+
+
+def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        state: torch.Tensor | None, chunk_size: int = CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's run of tokens: q, k [tokens, key_heads, key_dim], v [tokens, heads, value_dim],
+    g, beta [tokens, heads], state [heads, key_dim, value_dim] or None (a new sequence).
+    Returns (out [tokens, heads, value_dim] fp32, final state fp32)."""
+    q, k = _prepare(q, k, v)
+    # Heads first: [heads, tokens, ...].
+    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.float().transpose(0, 1)
+    g, beta = g.float().t(), beta.float().t()
+    heads, tokens, key_dim = k.shape
+    if state is None:
+        state = v.new_zeros(heads, key_dim, v.shape[-1])
+    state = state.float()
+    out = torch.empty_like(v)
+    for start in range(0, tokens, chunk_size):
+        end = min(start + chunk_size, tokens)
+        qc, kc, vc, bc = q[:, start:end], k[:, start:end], v[:, start:end], beta[:, start:end]
+        cum = g[:, start:end].cumsum(-1)  # [heads, C]: log of the decay from the chunk start to t
+        size = end - start
+        later = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
+        decay = (cum[:, :, None] - cum[:, None, :]).masked_fill(later, float("-inf")).exp()  # e^(G_t - G_s), s <= t
+        system = (bc[:, :, None] * (kc @ kc.transpose(-1, -2)) * decay).tril(-1)
+        rhs = torch.cat((bc[..., None] * vc, (bc * cum.exp())[..., None] * kc), dim=-1)
+        solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        corrections = solved[..., : vc.shape[-1]] - solved[..., vc.shape[-1]:] @ state
+        out[:, start:end] = (qc * cum.exp()[..., None]) @ state + ((qc @ kc.transpose(-1, -2)) * decay) @ corrections
+        last = cum[:, -1:]
+        state = state * last.exp()[..., None] + (kc * (last - cum).exp()[..., None]).transpose(-1, -2) @ corrections
+    return out.transpose(0, 1), state
+
+
+def gdn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                recurrent_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    """The whole step's tokens (flat, batch order); reads and writes each sequence's state slot in place.
+
+    Returns out [tokens, value_heads, value_dim] in v's dtype.
+    """
+    if _fla_chunk is not None and q.is_cuda:
+        return _fla_forward(q, k, v, g, beta, recurrent_state, ctx)
+    out = v.new_empty(v.shape)
+    offsets = ctx.token_offsets()
+    decoding = [i for i in range(ctx.num_seqs) if ctx.query_lens[i] == 1 and ctx.cached_lens[i] > 0]
+    if decoding:
+        rows = torch.tensor([offsets[i] for i in decoding], dtype=torch.long, device=q.device)
+        slots = torch.tensor([ctx.state_slots[i] for i in decoding], dtype=torch.long, device=q.device)
+        step_out, states = gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent_state[slots])
+        recurrent_state[slots] = states.to(recurrent_state.dtype)
+        out[rows] = step_out.to(out.dtype)
+    for seq in range(ctx.num_seqs):
+        start, end = offsets[seq], offsets[seq + 1]
+        if seq in decoding or start == end:
+            continue
+        slot = ctx.state_slots[seq]
+        initial = recurrent_state[slot] if ctx.cached_lens[seq] > 0 else None
+        seq_out, final = gated_delta_chunked(q[start:end], k[start:end], v[start:end], g[start:end],
+                                             beta[start:end], initial)
+        recurrent_state[slot] = final.to(recurrent_state.dtype)
+        out[start:end] = seq_out.to(out.dtype)
+    return out
+
+
+def _fla_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 recurrent_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    """All sequences in one varlen call of fla's chunked kernel (it l2-normalises q/k itself)."""
+    groups = v.shape[-2] // k.shape[-2]
+    if groups > 1:
+        q, k = q.repeat_interleave(groups, dim=-2), k.repeat_interleave(groups, dim=-2)
+    slots = torch.tensor(ctx.state_slots, dtype=torch.long, device=q.device)
+    fresh = torch.tensor([n == 0 for n in ctx.cached_lens], device=q.device)
+    initial = recurrent_state[slots].float().masked_fill(fresh[:, None, None, None], 0.0)
+    cu_seqlens = torch.tensor(ctx.token_offsets(), dtype=torch.long, device=q.device)
+    out, final = _fla_chunk(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.float().unsqueeze(0), beta.unsqueeze(0),
+        initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
+    )
+    recurrent_state[slots] = final.to(recurrent_state.dtype)
+    return out.squeeze(0).to(v.dtype)
