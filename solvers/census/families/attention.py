@@ -57,8 +57,13 @@ def sliding_window(fields: ConfigFields, layer_types: list[str]) -> int | None:
     return fields.get("sliding_window")
 
 
+# Families whose reference config class does not read an absent num_key_value_heads as plain multi-head
+# attention (MistralConfig assumes 8, Qwen3MoeConfig 4, ...): for them the field is demanded, not assumed.
+KV_HEADS = ("num_key_value_heads",)
+
+
 def head_geometry(fields: ConfigFields, hidden: int, heads: int) -> tuple[int, int]:
-    """(kv_heads, head_dim): configs omit both when attention is plain multi-head."""
+    """(kv_heads, head_dim): Llama-style configs omit both when attention is plain multi-head."""
     kv_heads = fields.get("num_key_value_heads", default=heads)
     head_dim = fields.get("head_dim", default=None) or hidden // heads
     return kv_heads, head_dim

@@ -11,7 +11,13 @@ from dataclasses import replace
 from typing import Any
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, attention_params, declared_layer_types, require_all
+from solvers.census.families.attention import (
+    KV_HEADS,
+    attention_layer,
+    attention_params,
+    declared_layer_types,
+    require_all,
+)
 from solvers.census.families.common import build_census, mlp_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
@@ -75,10 +81,9 @@ def siglip_params(vision: ConfigFields) -> int:
 @adapter("gemma2", "gemma3", "gemma3_text")
 def gemma(fields: ConfigFields) -> ModelCensus:
     text, notes = _text_fields(fields)
-    hidden, num_layers, heads, intermediate = require_all(
-        text, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"
+    hidden, num_layers, heads, intermediate, kv_heads = require_all(
+        text, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", *KV_HEADS
     )
-    kv_heads = text.get("num_key_value_heads", default=heads)
     head_dim = text.get("head_dim")
     bias = bool(text.get("attention_bias", default=False))
     per_layer = attention_params(

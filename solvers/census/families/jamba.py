@@ -9,7 +9,13 @@ from __future__ import annotations
 import math
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, attention_params, head_geometry, require_all
+from solvers.census.families.attention import (
+    KV_HEADS,
+    attention_layer,
+    attention_params,
+    head_geometry,
+    require_all,
+)
 from solvers.census.families.common import build_census, mlp_params, moe_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import LayerCensus, LayerKind, ModelCensus
@@ -47,7 +53,7 @@ def jamba(fields: ConfigFields) -> ModelCensus:
     expert_plan = ("expert_layer_period", "expert_layer_offset") if num_experts > 1 else ()
     hidden, num_layers, heads, intermediate, attn_period, attn_offset, *rest = require_all(
         fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-        "attn_layer_period", "attn_layer_offset", *expert_plan, *_MAMBA_FIELDS, "vocab_size",
+        "attn_layer_period", "attn_layer_offset", *expert_plan, *_MAMBA_FIELDS, "vocab_size", *KV_HEADS,
     )
     expert_period, expert_offset = rest[:2] if expert_plan else (1, 1)
     kv_heads, head_dim = head_geometry(fields, hidden, heads)

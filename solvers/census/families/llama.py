@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, attention_params, head_geometry, require_all
+from solvers.census.families.attention import (
+    KV_HEADS,
+    attention_layer,
+    attention_params,
+    head_geometry,
+    require_all,
+)
 from solvers.census.families.common import build_census, mlp_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
@@ -15,8 +21,9 @@ _MISTRAL_DEFAULT_WINDOW = 4096
 
 @adapter("llama", "mistral")
 def llama(fields: ConfigFields) -> ModelCensus:
-    hidden, num_layers, heads, intermediate, _ = require_all(
-        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"
+    hidden, num_layers, heads, intermediate, *_ = require_all(
+        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+        *(KV_HEADS if fields.family == "mistral" else ()),
     )
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     notes: tuple[str, ...] = ()

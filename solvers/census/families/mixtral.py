@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, attention_params, head_geometry, require_all
+from solvers.census.families.attention import (
+    KV_HEADS,
+    attention_layer,
+    attention_params,
+    head_geometry,
+    require_all,
+)
 from solvers.census.families.common import build_census, moe_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
@@ -11,9 +17,9 @@ from solvers.census.model import ModelCensus
 
 @adapter("mixtral")
 def mixtral(fields: ConfigFields) -> ModelCensus:
-    hidden, num_layers, heads, intermediate, num_experts, _ = require_all(
+    hidden, num_layers, heads, intermediate, num_experts, *_ = require_all(
         fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-        "num_local_experts", "vocab_size",
+        "num_local_experts", "vocab_size", *KV_HEADS,
     )
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     # No projection biases; each expert is a gated MLP of intermediate_size; router has no bias.

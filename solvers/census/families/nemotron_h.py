@@ -24,7 +24,7 @@ _BLOCKS = {
 # Fields each block kind needs; hidden_size and vocab_size are needed by all.
 _NEEDS = {
     "mamba": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"),
-    "attention": ("num_attention_heads",),
+    "attention": ("num_attention_heads", "num_key_value_heads"),
     "mlp": ("intermediate_size",),
     "moe": ("n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size"),
 }
@@ -33,7 +33,7 @@ _PATTERN_NAMES = ("hybrid_override_pattern", "layers_block_type", "layer_types")
 
 def _blocks(fields: ConfigFields) -> list[str]:
     pattern = fields.get(*_PATTERN_NAMES, default=None)
-    if pattern is None:
+    if pattern is None:  # raises, naming the pattern and any other absent basics together
         require_all(fields, "hidden_size", "vocab_size", also_missing=(" or ".join(_PATTERN_NAMES),))
     unknown = sorted({str(block) for block in pattern if block not in _BLOCKS})
     if unknown:
@@ -78,7 +78,10 @@ def _moe(fields: ConfigFields, hidden: int) -> int:
 def nemotron_h(fields: ConfigFields) -> ModelCensus:
     blocks = _blocks(fields)
     needed = dict.fromkeys(name for block in blocks for name in _NEEDS[block])
-    hidden = require_all(fields, "hidden_size", "vocab_size", *needed)[0]
+    no_head_dim = "attention" in blocks and fields.get("head_dim", "attention_head_dim", default=None) is None
+    hidden = require_all(
+        fields, "hidden_size", "vocab_size", *needed, also_missing=("head_dim or attention_head_dim",) * no_head_dim
+    )[0]
     layers = []
     for index, block in enumerate(blocks):
         if block == "mamba":
@@ -88,9 +91,9 @@ def nemotron_h(fields: ConfigFields) -> ModelCensus:
                 recurrent_state_elements=recurrent, ffn="none",
             ))
         elif block == "attention":
-            heads = fields.get("num_attention_heads")
-            kv_heads = fields.get("num_key_value_heads", default=heads)
-            head_dim = fields.get("head_dim", "attention_head_dim", default=hidden // heads)
+            heads, kv_heads = fields.config["num_attention_heads"], fields.config["num_key_value_heads"]
+            # Published checkpoints say attention_head_dim; it is not hidden_size / heads in general.
+            head_dim = fields.get("head_dim", "attention_head_dim")
             params = attention_params(hidden, heads, kv_heads, head_dim) + hidden
             layers.append(attention_layer(index, params, kv_heads=kv_heads, head_dim=head_dim, ffn="none"))
         elif block == "mlp":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from solvers.census.families import adapter
 from solvers.census.families.attention import (
+    KV_HEADS,
     attention_layer,
     attention_params,
     declared_layer_types,
@@ -37,6 +38,12 @@ def qwen_layer_types(fields: ConfigFields, num_layers: int) -> list[str]:
     return ["sliding_attention" if slide else "full_attention" for slide in slides]
 
 
+def qwen_head_fields(fields: ConfigFields) -> tuple[str, ...]:
+    """Qwen3 configs always state head_dim (it is not hidden_size / heads: 128 on Qwen3-8B's 4096 / 32
+    happens to agree, Qwen3-30B-A3B's 2048 / 32 does not)."""
+    return (*KV_HEADS, *(("head_dim",) if fields.family.startswith("qwen3") else ()))
+
+
 def qwen_attention_params(fields: ConfigFields, hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
     """Qwen2-family q/k/v carry a bias (o does not); Qwen3-family use attention_bias on all four plus q/k norms."""
     if fields.family.startswith("qwen2"):
@@ -48,8 +55,9 @@ def qwen_attention_params(fields: ConfigFields, hidden: int, heads: int, kv_head
 
 @adapter("qwen2", "qwen3")
 def qwen(fields: ConfigFields) -> ModelCensus:
-    hidden, num_layers, heads, intermediate, _ = require_all(
-        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"
+    hidden, num_layers, heads, intermediate, *_ = require_all(
+        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+        *qwen_head_fields(fields),
     )
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     per_layer = qwen_attention_params(fields, hidden, heads, kv_heads, head_dim) + mlp_params(hidden, intermediate)

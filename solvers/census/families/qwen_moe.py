@@ -8,7 +8,7 @@ from __future__ import annotations
 from solvers.census.families import adapter
 from solvers.census.families.attention import attention_layer, head_geometry, require_all, sliding_window
 from solvers.census.families.common import build_census, mlp_params, moe_params
-from solvers.census.families.qwen import qwen_attention_params, qwen_layer_types
+from solvers.census.families.qwen import qwen_attention_params, qwen_head_fields, qwen_layer_types
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
 
@@ -22,7 +22,7 @@ def qwen_moe(fields: ConfigFields) -> ModelCensus:
     hidden, num_layers, heads, num_experts, expert_intermediate, *_ = require_all(
         fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts", "moe_intermediate_size",
         "vocab_size", *(("shared_expert_intermediate_size",) if fields.family == "qwen2_moe" else ()),
-        *(("intermediate_size",) if has_dense else ()),
+        *(("intermediate_size",) if has_dense else ()), *qwen_head_fields(fields),
     )
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     attention = qwen_attention_params(fields, hidden, heads, kv_heads, head_dim)

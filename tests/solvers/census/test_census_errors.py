@@ -12,12 +12,13 @@ from solvers.errors import CensusError
 # What each family cannot do without (from an empty config).
 REQUIRED = {
     "llama": ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"],
-    "mistral": ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"],
+    # MistralConfig would assume 8 KV heads, not multi-head: demanded rather than guessed.
+    "mistral": ["hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_key_value_heads"],
     "qwen2": ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"],
-    "qwen3": ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"],
+    "qwen3": ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "head_dim"],
     "qwen2_moe": ["num_experts", "moe_intermediate_size", "shared_expert_intermediate_size", "vocab_size"],
-    "qwen3_moe": ["num_experts", "moe_intermediate_size", "vocab_size"],
-    "mixtral": ["num_local_experts", "intermediate_size", "vocab_size"],
+    "qwen3_moe": ["num_experts", "moe_intermediate_size", "vocab_size", "num_key_value_heads", "head_dim"],
+    "mixtral": ["num_local_experts", "intermediate_size", "vocab_size", "num_key_value_heads"],
     "deepseek_v2": ["kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "q_lora_rank"],
     "deepseek_v3": ["hidden_size", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "q_lora_rank"],
     "gemma2": ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"],
