@@ -67,6 +67,8 @@ def jamba(fields: ConfigFields) -> ModelCensus:
         ffn = moe_params(hidden, num_experts, intermediate) if is_moe else mlp_params(hidden, intermediate)
         kind = "moe" if is_moe else "dense"
         if index % attn_period == attn_offset:
+            # AI21's own code windows attention when sliding_window is set (transformers ignores it);
+            # Jamba-v0.1 publishes null, i.e. full attention.
             layers.append(attention_layer(
                 index, attention + ffn + norms, kv_heads=kv_heads, head_dim=head_dim,
                 window=fields.get("sliding_window", default=None), ffn=kind,
