@@ -1,0 +1,145 @@
+"""`LLM`: the engine for Python users — one rank, pools sized by the planner, continuous batching.
+
+    llm = LLM("path/to/checkpoint")
+    outputs = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8))
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import EngineError
+from engine.kv_pool import KVPool
+from engine.loader import load_model
+from engine.runner import ModelRunner
+from engine.sampler import Sampler, SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.state_pool import StatePool
+from solvers.capacity import CutPricer, PoolResult
+from solvers.rig import Rig, load_rig
+from solvers.units import parse_size
+
+_TORCH_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                 "fp16": torch.float16, "float16": torch.float16, "fp8": torch.float8_e4m3fn}
+
+
+@dataclass
+class Completion:
+    request_id: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str
+    text: str | None = None
+
+
+class LLM:
+    def __init__(self, checkpoint: str | Path, *, rig: str | Rig = "cpu-single", memory: str | int | None = None,
+                 device: str = "cpu", **shape_overrides: int | str):
+        self.checkpoint = Path(checkpoint)
+        self.config = ModelConfig.from_pretrained(self.checkpoint)
+        self.rig = _single_rank(load_rig(rig) if isinstance(rig, str) else rig, memory)
+        self.shape = replace(self.rig.shape, **shape_overrides)
+        # The planner prices this exact layout; the pools below are allocated to its prediction.
+        self.plan: PoolResult = CutPricer(self.config.census, self.rig, self.shape).price((self.config.num_layers,))
+        if not self.plan.feasible:
+            raise EngineError(f"rig {self.rig.name!r} cannot serve {self.checkpoint}: " + "; ".join(self.plan.reasons))
+        layers = range(self.config.num_layers)
+        kv_dtype = _TORCH_DTYPES[self.shape.kv_dtype or self.config.dtype]
+        state_dtype = _TORCH_DTYPES[self.shape.state_dtype or self.config.dtype]
+        self.kv_pool = KVPool(self.config, layers, self.plan.pool_tokens or 0, self.shape.block_size, kv_dtype, device)
+        self.state_pool = StatePool(self.config, layers, self.shape.max_num_seqs, state_dtype, device)
+        self.model = load_model(self.checkpoint, device=device)
+        self.runner = ModelRunner(self.model, self, self.shape.block_size, device)
+        self.scheduler = Scheduler(
+            self.kv_pool, self.state_pool, max_num_seqs=self.shape.max_num_seqs,
+            max_num_batched_tokens=self.shape.max_num_batched_tokens, max_model_len=self.shape.max_model_len,
+            eos_token_ids=_eos_ids(self.checkpoint))
+        self.sampler = Sampler()
+        self.tokenizer = _tokenizer(self.checkpoint)
+        self._next_id = 0
+
+    # LayerCaches: the model reads its layers' caches straight from the pools.
+    def kv(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv_pool.kv(layer_index)
+
+    def state(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.state_pool.state(layer_index)
+
+    def submit(self, prompt: list[int] | str, params: SamplingParams) -> Sequence:
+        """Queue one request; refused now (EngineRequestError) if its lifetime can never fit."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise EngineError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.config.vocab_size})")
+        seq = Sequence(self._next_id, ids, params)
+        self.scheduler.add(seq)
+        self._next_id += 1
+        return seq
+
+    def step(self) -> list[Sequence]:
+        """Run one scheduled batch; return the sequences it finished."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        logits = self.runner.run(batch)
+        ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
+        tokens = self.sampler.sample(logits[ready], [batch.seqs[i].params for i in ready],
+                                     [batch.seqs[i].seq_id for i in ready])
+        finished = self.scheduler.commit(batch, {batch.seqs[i].seq_id: t for i, t in zip(ready, tokens, strict=True)})
+        for seq in finished:
+            self.sampler.release(seq.seq_id)
+        return finished
+
+    def generate(self, prompts: list[list[int]] | list[str],
+                 sampling: SamplingParams | list[SamplingParams] | None = None) -> list[Completion]:
+        """Run every prompt to completion with continuous batching; outputs in prompt order."""
+        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise EngineError(f"{len(prompts)} prompts but {len(params)} sampling parameter sets")
+        seqs = [self.submit(prompt, param) for prompt, param in zip(prompts, params, strict=True)]
+        while self.scheduler.has_work:
+            self.step()
+        return [Completion(s.seq_id, s.prompt_ids, s.output_ids, s.finish_reason or "length",
+                           self.decode(s.output_ids) if self.tokenizer else None) for s in seqs]
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise EngineError(f"checkpoint {self.checkpoint} has no tokenizer.json: pass token ids instead of text")
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer else ""
+
+
+def _single_rank(rig: Rig, memory: str | int | None) -> Rig:
+    if rig.size != 1:
+        raise EngineError(f"rig {rig.name!r} has {rig.size} ranks; LLM runs one rank (serve a multi-rank rig with "
+                          "`python -m engine serve`)")
+    if memory is None:
+        return rig
+    return replace(rig, ranks=(replace(rig.ranks[0], memory_bytes=parse_size(memory, "memory")),))
+
+
+def _eos_ids(folder: Path) -> tuple[int, ...]:
+    for name in ("generation_config.json", "config.json"):
+        path = folder / name
+        if path.is_file():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            if eos is not None:
+                return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return ()
+
+
+def _tokenizer(folder: Path):
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))

@@ -1,0 +1,83 @@
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, per-request seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.errors import EngineRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k cut
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise EngineRequestError(f"max_tokens must be a positive integer (got {self.max_tokens!r})")
+        if not isinstance(self.temperature, int | float) or self.temperature < 0:
+            raise EngineRequestError(f"temperature must be >= 0 (got {self.temperature!r}); 0 means greedy")
+        if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
+            raise EngineRequestError(f"top_p must be in (0, 1] (got {self.top_p!r})")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise EngineRequestError(f"top_k must be a non-negative integer (got {self.top_k!r}); 0 disables it")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise EngineRequestError(f"seed must be an integer (got {self.seed!r})")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    """Turns each sequence's last-token logits into its next token.
+
+    A request with a seed owns its generator, so its samples do not depend on what else is
+    batched with it.
+    """
+
+    def __init__(self) -> None:
+        self._generators: dict[int, torch.Generator] = {}
+
+    def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]) -> list[int]:
+        tokens = []
+        for row, param, seq_id in zip(logits.float(), params, seq_ids, strict=True):
+            if param.greedy:
+                tokens.append(int(torch.argmax(row)))
+                continue
+            probs = torch.softmax(_filter(row / param.temperature, param.top_k, param.top_p), dim=-1)
+            tokens.append(int(torch.multinomial(probs.cpu(), 1, generator=self._generator(seq_id, param))))
+        return tokens
+
+    def release(self, seq_id: int) -> None:
+        self._generators.pop(seq_id, None)
+
+    def _generator(self, seq_id: int, param: SamplingParams) -> torch.Generator | None:
+        if param.seed is None:
+            return None
+        if seq_id not in self._generators:
+            generator = torch.Generator()
+            generator.manual_seed(param.seed)
+            self._generators[seq_id] = generator
+        return self._generators[seq_id]
+
+
+def _filter(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask everything outside the top-k and outside the smallest set with cumulative mass >= top_p."""
+    if top_k and top_k < scores.numel():
+        kth = torch.topk(scores, top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+        drop = cumulative - torch.softmax(sorted_scores, dim=-1) >= top_p  # keep the token that crosses top_p
+        scores = scores.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return scores
