@@ -48,8 +48,9 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              meta: PagedMetadata) -> None:
     """Store the step's keys and values [tokens, kv_heads, head_dim] at their slots (in the cache's dtype)."""
     rows = k_cache.shape[0] * k_cache.shape[1]
-    k_cache.view(rows, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(rows, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    # Index assignment rather than index_copy_: the latter has no CPU kernel for fp8 caches.
+    k_cache.view(rows, *k_cache.shape[2:])[meta.slot_mapping] = k.to(k_cache.dtype)
+    v_cache.view(rows, *v_cache.shape[2:])[meta.slot_mapping] = v.to(v_cache.dtype)
 
 
 def _mask(cached: int, new: int, window: int | None, device: torch.device) -> torch.Tensor | None:
