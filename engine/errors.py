@@ -11,3 +11,7 @@ class EngineConfigError(EngineError, ValueError):
 
 class EngineLoadError(EngineError, ValueError):
     """Checkpoint tensors that do not fit the model: missing, unexpected or mis-shaped (names each tensor)."""
+
+
+class EngineRequestError(EngineError, ValueError):
+    """A request the engine refuses: bad sampling parameters, or one that can never fit (says why)."""

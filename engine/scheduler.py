@@ -121,6 +121,7 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Drop `seq`'s cache and queue it first: it re-prefills its prompt and outputs later (recompute)."""
         self._release(seq)
+        seq.recomputed_tokens += seq.cached_tokens
         seq.cached_tokens = 0
         seq.status = SeqStatus.WAITING
         seq.preemptions += 1

@@ -29,6 +29,7 @@ class Sequence:
     committed_chunks: int = 0
     scheduled_attempts: int = 0
     preemptions: int = 0
+    recomputed_tokens: int = 0  # cached work thrown away by preemption
 
     @property
     def tokens(self) -> list[int]:

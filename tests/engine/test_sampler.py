@@ -1,0 +1,52 @@
+import pytest
+import torch
+
+from engine.errors import EngineRequestError
+from engine.sampler import Sampler, SamplingParams
+
+
+def test_greedy_takes_the_argmax():
+    logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 1.0]])
+    assert Sampler().sample(logits, [SamplingParams()] * 2, [0, 1]) == [1, 0]
+
+
+def test_top_k_one_is_greedy_at_any_temperature():
+    logits = torch.randn(4, 50)
+    params = [SamplingParams(temperature=5.0, top_k=1)] * 4
+    assert Sampler().sample(logits, params, [0, 1, 2, 3]) == logits.argmax(dim=-1).tolist()
+
+
+def test_top_p_keeps_only_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.05, 0.05]]))
+    sampler = Sampler()
+    draws = {sampler.sample(logits, [SamplingParams(temperature=1.0, top_p=0.8, seed=None)], [i])[0]
+             for i in range(200)}
+    assert draws == {0, 1}
+
+
+def test_a_seeded_request_samples_the_same_whatever_its_neighbours():
+    torch.manual_seed(0)
+    row = torch.randn(1, 64)
+    params = SamplingParams(temperature=1.0, seed=1234)
+    alone = [Sampler().sample(row, [params], [7])[0] for _ in range(3)]
+    noisy = []
+    for _ in range(3):
+        batch = torch.cat([torch.randn(1, 64), row, torch.randn(1, 64)])
+        noisy.append(Sampler().sample(batch, [SamplingParams(temperature=1.0)] + [params] * 2, [1, 7, 9])[1])
+    assert alone == noisy and len(set(alone)) == 1
+
+
+def test_a_seed_gives_a_sequence_of_draws_not_one_draw_repeated():
+    sampler = Sampler()
+    row = torch.zeros(1, 1000)
+    draws = [sampler.sample(row, [SamplingParams(temperature=1.0, seed=5)], [3])[0] for _ in range(5)]
+    assert len(set(draws)) > 1
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+    ({"top_k": -2}, "top_k"), ({"seed": "x"}, "seed"), ({"max_tokens": True}, "max_tokens"),
+])
+def test_bad_sampling_parameters_are_refused(fields, message):
+    with pytest.raises(EngineRequestError, match=message):
+        SamplingParams(**fields)
