@@ -90,11 +90,12 @@ class TinyRunner:
     """
 
     def __init__(self, models: RangeCausalLM | list[RangeCausalLM], block_size: int = 4, num_blocks: int = 96,
-                 num_slots: int = 8, seed: int = 0):
+                 num_slots: int = 8, seed: int = 0, device: torch.device | str = "cpu"):
         self.models = models if isinstance(models, list) else [models]
+        self.device = torch.device(device)
         config = self.models[0].config
         self.caches = [
-            InMemoryCaches(config, num_blocks, block_size, num_slots, layers=model.layer_range)
+            InMemoryCaches(config, num_blocks, block_size, num_slots, layers=model.layer_range, device=device)
             for model in self.models
         ]
         self.block_size = block_size
@@ -116,10 +117,11 @@ class TinyRunner:
         positions = torch.cat([torch.arange(self.cached[s], self.cached[s] + len(t)) for s, t in chunks.items()])
         ctx = StepContext(
             [len(t) for t in chunks.values()], [self.cached[s] for s in chunks], [self.slots[s] for s in chunks],
-            [self.tables[s] for s in chunks], self.block_size, positions,
+            [self.tables[s] for s in chunks], self.block_size, positions.to(self.device),
         )
         with torch.no_grad():
-            hidden = torch.tensor([token for tokens in chunks.values() for token in tokens], dtype=torch.long)
+            ids = [token for tokens in chunks.values() for token in tokens]
+            hidden = torch.tensor(ids, dtype=torch.long, device=self.device)
             for model, caches in zip(self.models, self.caches, strict=True):
                 hidden = model(hidden, ctx, caches)
             logits = self.models[-1].compute_logits(hidden, None if all_logits else ctx)
