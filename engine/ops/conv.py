@@ -44,6 +44,7 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
     out = torch.empty_like(x)
     offsets = ctx.token_offsets()
     decoding = [i for i in range(ctx.num_seqs) if ctx.query_lens[i] == 1 and ctx.cached_lens[i] > 0]
+    decoded = set(decoding)
     if decoding:
         rows = torch.tensor([offsets[i] for i in decoding], dtype=torch.long, device=x.device)
         slots = torch.tensor([ctx.state_slots[i] for i in decoding], dtype=torch.long, device=x.device)
@@ -51,7 +52,7 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
         conv_state[slots] = states.to(conv_state.dtype)
     for seq in range(ctx.num_seqs):
         start, end = offsets[seq], offsets[seq + 1]
-        if seq in decoding or start == end:
+        if seq in decoded or start == end:
             continue
         slot = ctx.state_slots[seq]
         initial = conv_state[slot] if ctx.cached_lens[seq] > 0 else None
