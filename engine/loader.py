@@ -13,6 +13,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,19 +152,17 @@ def load_weights(model: RangeCausalLM, folder: str | Path, checksums: bool = Fal
             f"{folder}: checkpoint does not fit layers [{model.start}, {model.stop}) of the "
             f"{model.config.family} model ({len(problems)} problem(s)):\n  {listed}{more}"
         )
-    needed = sorted({name for source in plan.values() for name in source.names})
-    report = LoadReport(str(folder), sorted({files[name].name for name in needed}), layout, tensors=len(needed))
-    tensors: dict[str, torch.Tensor] = {}
-    for path in sorted({files[name] for name in needed}):
-        with safe_open(path, framework="pt") as handle:
-            for name in needed:
-                if files[name] == path:
-                    tensors[name] = handle.get_tensor(name)
+    needed = {files[name] for source in plan.values() for name in source.names}
+    report = LoadReport(str(folder), sorted(path.name for path in needed), layout,
+                        tensors=sum(len(source.names) for source in plan.values()))
     params = dict(model.named_parameters())
-    with torch.no_grad():
+    # Every shard stays open (safetensors maps files lazily) so that at most one parameter's tensors are in host
+    # memory at a time, even when a layer's experts straddle shards.
+    with ExitStack() as stack, torch.no_grad():
+        handles = {path: stack.enter_context(safe_open(path, framework="pt")) for path in sorted(needed)}
         for name, source in plan.items():
             param = params[name]
-            value = source.combine([tensors[n] for n in source.names]).to(param.dtype)
+            value = source.combine([handles[files[n]].get_tensor(n) for n in source.names]).to(param.dtype)
             if checksums:
                 report.checksums[name] = zlib.crc32(value.contiguous().view(torch.uint8).numpy())
             param.copy_(value)

@@ -20,9 +20,15 @@ def conv_prefill(
     Returns (silu(conv(x)) [tokens, channels], the new state [channels, kernel - 1]) in x's dtype.
     """
     channels, kernel = weight.shape
-    history = state.to(weight.dtype) if state is not None else x.new_zeros(channels, kernel - 1, dtype=weight.dtype)
-    window = torch.cat((history, x.t().to(weight.dtype)), dim=-1)  # [channels, kernel - 1 + tokens]
-    out = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), groups=channels).squeeze(0)  # [channels, tokens]
+    weight = weight.float()
+    history = state.float() if state is not None else x.new_zeros(channels, kernel - 1, dtype=torch.float32)
+    window = torch.cat((history, x.t().float()), dim=-1)  # [channels, kernel - 1 + tokens]
+    tokens = x.shape[0]
+    # `kernel` shifted multiply-adds in float32 rather than F.conv1d: the same math on every device (cuDNN would take
+    # float32 through TF32), and memory stays at one [channels, tokens] buffer.
+    out = window[:, :tokens] * weight[:, :1]
+    for tap in range(1, kernel):
+        out = out + window[:, tap:tap + tokens] * weight[:, tap:tap + 1]
     return F.silu(out).t().to(x.dtype), window[:, window.shape[-1] - (kernel - 1):]
 
 
@@ -31,8 +37,8 @@ def conv_decode(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> t
 
     Returns (silu(conv) [seqs, channels], the new states [seqs, channels, kernel - 1]).
     """
-    window = torch.cat((state.to(weight.dtype), x.to(weight.dtype).unsqueeze(-1)), dim=-1)  # [seqs, channels, kernel]
-    out = (window * weight.unsqueeze(0)).sum(dim=-1)
+    window = torch.cat((state.float(), x.float().unsqueeze(-1)), dim=-1)  # [seqs, channels, kernel]
+    out = (window * weight.float().unsqueeze(0)).sum(dim=-1)
     return F.silu(out).to(x.dtype), window[:, :, 1:]
 
 
