@@ -28,40 +28,49 @@ _WARMUP_PROMPT, _WARMUP_TOKENS = 8, 2
 
 
 def run_bench(checkpoint: str | Path, *, batch: int = 1, prompt_len: int = 64, gen_len: int = 32,
-              device: str = "cpu", rig: str = "cpu-single", memory: str | None = None, seed: int = 0) -> dict:
-    """Run the engine, then transformers, on the same prompts; the figures of both and their ratios."""
-    for name, value in (("batch", batch), ("prompt_len", prompt_len), ("gen_len", gen_len)):
+              device: str = "cpu", rig: str = "cpu-single", memory: str | None = None, seed: int = 0,
+              repeat: int = 1, threads: int | None = None) -> dict:
+    """Run the engine, then transformers, on the same prompts; the figures of both and their ratios.
+
+    With `repeat` > 1 each side runs the timed generation that many times and keeps its best prefill and its
+    best decode (a busy machine only ever slows a run down). `threads` sets torch's threads on both sides.
+    """
+    for name, value in (("batch", batch), ("prompt_len", prompt_len), ("gen_len", gen_len), ("repeat", repeat)):
         if value < 1:
             raise EngineError(f"{name} must be a positive integer (got {value})")
     config = ModelConfig.from_pretrained(checkpoint)
     prompts = torch.randint(0, config.vocab_size, (batch, prompt_len),
                             generator=torch.Generator().manual_seed(seed)).tolist()
-    context = get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=context) as pool:
-        ours = pool.submit(_engine_run, str(checkpoint), prompts, gen_len, device, rig, memory).result()
-    with ProcessPoolExecutor(1, mp_context=context) as pool:
-        theirs = pool.submit(_transformers_run, str(checkpoint), prompts, gen_len, device).result()
+    ours = _in_fresh_process(_engine_run, str(checkpoint), prompts, gen_len, device, repeat, threads, rig, memory)
+    theirs = _in_fresh_process(_transformers_run, str(checkpoint), prompts, gen_len, device, repeat, threads)
     tokens_ours, tokens_theirs = ours.pop("token_ids"), theirs.pop("token_ids")
     keys = ("prefill_tok_s", "decode_tok_s", "peak_memory_bytes")
     return {
         "checkpoint": str(checkpoint), "device": device, "batch": batch, "prompt_len": prompt_len,
-        "gen_len": gen_len, "seed": seed, "torch_threads": torch.get_num_threads(),
+        "gen_len": gen_len, "seed": seed, "repeat": repeat, "torch_threads": ours.pop("torch_threads"),
         "engine": ours, "transformers": theirs,
         "ratio": {key: _ratio(ours[key], theirs[key]) for key in keys},  # ours / transformers
         "greedy_tokens_equal": tokens_ours == tokens_theirs,
     }
 
 
-def _ratio(ours: float, theirs: float) -> float | None:
-    return round(ours / theirs, 3) if theirs else None
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return round(ours / theirs, 3) if ours and theirs else None
 
 
-def _engine_run(checkpoint: str, prompts: list[list[int]], gen_len: int, device: str, rig: str,
-                memory: str | None) -> dict:
+def _in_fresh_process(function, *args):
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
+
+
+def _engine_run(checkpoint: str, prompts: list[list[int]], gen_len: int, device: str, repeat: int,
+                threads: int | None, rig: str, memory: str | None) -> dict:
     from engine.llm import LLM
     from engine.sampler import SamplingParams
     from solvers.rig import load_rig
 
+    if threads:
+        torch.set_num_threads(threads)
     baseline = _memory_mark(device)
     shape = load_rig(rig).shape
     batch, prompt_len = len(prompts), len(prompts[0])
@@ -72,16 +81,18 @@ def _engine_run(checkpoint: str, prompts: list[list[int]], gen_len: int, device:
     llm.generate([prompts[0][:_WARMUP_PROMPT]], SamplingParams(max_tokens=_WARMUP_TOKENS, ignore_eos=True))
     _reset_peak(device)
     params = SamplingParams(max_tokens=gen_len, ignore_eos=True)
-    seqs = [llm.submit(prompt, params) for prompt in prompts]
-    start = time.perf_counter()
-    while not all(seq.output_ids for seq in seqs):
-        llm.step()
-    first = _synced(device)
-    while llm.scheduler.has_work:
-        llm.step()
-    end = _synced(device)
+    timings = []
+    for _ in range(repeat):
+        seqs = [llm.submit(prompt, params) for prompt in prompts]
+        start = time.perf_counter()
+        while not all(seq.output_ids for seq in seqs):
+            llm.step()
+        first = _synced(device)
+        while llm.scheduler.has_work:
+            llm.step()
+        timings.append((first - start, _synced(device) - first))
     return {
-        **_figures(batch, prompt_len, gen_len, first - start, end - first, device, baseline),
+        **_figures(batch, prompt_len, gen_len, timings, device, baseline),
         "shape": overrides, "memory_budget_bytes": llm.rig.ranks[0].memory_bytes, "pool_tokens": llm.plan.pool_tokens,
         "weights_bytes": sum(p.numel() * p.element_size() for p in llm.model.parameters()),
         "kv_pool_bytes": llm.kv_pool.bytes, "state_pool_bytes": llm.state_pool.bytes,
@@ -89,7 +100,10 @@ def _engine_run(checkpoint: str, prompts: list[list[int]], gen_len: int, device:
     }
 
 
-def _transformers_run(checkpoint: str, prompts: list[list[int]], gen_len: int, device: str) -> dict:
+def _transformers_run(checkpoint: str, prompts: list[list[int]], gen_len: int, device: str, repeat: int,
+                      threads: int | None) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
     try:
         import transformers
     except ImportError as error:
@@ -123,21 +137,26 @@ def _transformers_run(checkpoint: str, prompts: list[list[int]], gen_len: int, d
     with torch.inference_mode():
         generate(ids[:1, :_WARMUP_PROMPT], _WARMUP_TOKENS)
         _reset_peak(device)
-        clock = Clock()
-        start = time.perf_counter()
-        out = generate(ids, gen_len, clock)
-        end = _synced(device)
+        timings = []
+        for _ in range(repeat):
+            clock = Clock()
+            start = time.perf_counter()
+            out = generate(ids, gen_len, clock)
+            timings.append((clock.first - start, _synced(device) - clock.first))
     return {
-        **_figures(batch, prompt_len, gen_len, clock.first - start, end - clock.first, device, baseline),
+        **_figures(batch, prompt_len, gen_len, timings, device, baseline),
         "version": transformers.__version__,
         "token_ids": out[:, prompt_len:].tolist(),
     }
 
 
-def _figures(batch: int, prompt_len: int, gen_len: int, prefill_s: float, decode_s: float, device: str,
+def _figures(batch: int, prompt_len: int, gen_len: int, timings: list[tuple[float, float]], device: str,
              baseline: int) -> dict:
+    """Best prefill and best decode over the repeats (seconds), as tok/s, and the peak memory."""
+    prefill_s, decode_s = min(t[0] for t in timings), min(t[1] for t in timings)
     peak = _peak_bytes(device)
     return {
+        "torch_threads": torch.get_num_threads(),
         "prefill_s": round(prefill_s, 4), "decode_s": round(decode_s, 4),
         "prefill_tok_s": round(batch * prompt_len / prefill_s, 1),
         "decode_tok_s": round(batch * (gen_len - 1) / decode_s, 1) if gen_len > 1 and decode_s > 0 else None,
@@ -176,7 +195,7 @@ def format_text(result: dict) -> str:
     rows = [("prefill tok/s", "prefill_tok_s", "{:,.1f}"), ("decode tok/s", "decode_tok_s", "{:,.1f}"),
             ("peak memory MiB", "peak_memory_bytes", None)]
     lines = [f"{result['checkpoint']} on {result['device']}: batch {result['batch']}, prompt {result['prompt_len']}, "
-             f"generate {result['gen_len']} ({result['torch_threads']} torch threads)",
+             f"generate {result['gen_len']} ({result['torch_threads']} torch threads, best of {result['repeat']})",
              f"{'':18}{'engine':>12}{'transformers':>14}{'ratio':>8}"]
     for label, key, fmt in rows:
         ours, theirs, ratio = result["engine"][key], result["transformers"][key], result["ratio"][key]

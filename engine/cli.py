@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-len", type=_positive, default=64)
     bench.add_argument("--gen-len", type=_positive, default=32)
     bench.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
+    bench.add_argument("--repeat", type=_positive, default=1, help="timed runs per side; the best is kept")
+    bench.add_argument("--threads", type=_positive, help="torch threads on both sides (default: torch's)")
     bench.set_defaults(handler=_bench)
     return parser
 
@@ -127,7 +129,8 @@ def _bench(args: argparse.Namespace) -> tuple[dict, str]:
     from engine.bench import format_text, run_bench
 
     result = run_bench(_checkpoint(args.checkpoint), batch=args.batch, prompt_len=args.prompt_len,
-                       gen_len=args.gen_len, device=args.device, rig=args.rig, memory=args.memory, seed=args.seed)
+                       gen_len=args.gen_len, device=args.device, rig=args.rig, memory=args.memory, seed=args.seed,
+                       repeat=args.repeat, threads=args.threads)
     return result, format_text(result)
 
 
