@@ -154,6 +154,14 @@ def test_python_dash_m_engine_generates_from_text(demo):
     assert 1 <= len(data["token_ids"]) <= 8 and "text" in data
 
 
+def test_generate_never_imports_transformers(demo):
+    script = ("import sys; from engine.cli import main; "
+              f"code = main(['generate', '--checkpoint', {str(demo)!r}, '--prompt', 'Hi', '--max-tokens', '2']); "
+              "assert 'transformers' not in sys.modules, 'the engine imported transformers'; sys.exit(code)")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
 @pytest.mark.slow  # two fresh processes import torch (and transformers): 10-30 s on a 2-core machine
 def test_quick_bench_reports_both_sides_and_their_ratio(demo):
     run = subprocess.run([sys.executable, "-m", "engine", "bench", "--checkpoint", str(demo), "--batch", "2",
