@@ -142,4 +142,7 @@ def _tokenizer(folder: Path):
         return None
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # the tokenizers library raises a bare Exception for a corrupt file
+        raise EngineError(f"{path}: not a readable tokenizer ({error})") from error
