@@ -6,7 +6,6 @@ they come from the census (solvers), so what the planner prices is what the engi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 
 from engine.errors import EngineConfigError
-from solvers.census import LayerKind, ModelCensus, census_from_config
+from solvers.census import LayerKind, ModelCensus, census_from_config, read_config
 from solvers.errors import CensusError
 
 SUPPORTED_FAMILIES = ("qwen3_next", "llama", "mistral", "qwen3", "qwen2")
@@ -107,16 +106,11 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> ModelConfig:
         """Read `folder/config.json` (or a config.json path)."""
-        path = Path(folder)
-        if path.is_dir():
-            path = path / "config.json"
         try:
-            config = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise EngineConfigError(f"{path}: not a readable JSON config ({error})") from error
-        if not isinstance(config, dict):
-            raise EngineConfigError(f"{path}: a config must be a JSON object")
-        return cls.from_dict(config, str(path))
+            config, path, _ = read_config(Path(folder).resolve())
+        except CensusError as error:
+            raise EngineConfigError(str(error)) from error
+        return cls.from_dict(config, path)
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], source: str = "<config>") -> ModelConfig:

@@ -15,7 +15,8 @@ from solvers.census.fields import ConfigFields
 from solvers.census.model import LayerCensus, LayerKind, ModelCensus
 from solvers.errors import CensusError
 
-__all__ = ["LayerCensus", "LayerKind", "ModelCensus", "builtin_models", "census_from_config", "load_census"]
+__all__ = ["LayerCensus", "LayerKind", "ModelCensus", "builtin_models", "census_from_config", "load_census",
+           "read_config"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -28,7 +29,8 @@ def builtin_models() -> list[str]:
     return sorted(path.stem for path in CONFIG_DIR.glob("*.json"))
 
 
-def _read_config(source: str | Path) -> tuple[dict[str, Any], str, str | None]:
+def read_config(source: str | Path) -> tuple[dict[str, Any], str, str | None]:
+    """(config dict, path read, built-in name or None) for a built-in name, a config.json or its folder."""
     text = str(source)
     builtin = CONFIG_DIR / f"{text}.json"
     if "/" not in text and builtin.is_file():
@@ -69,5 +71,5 @@ def census_from_config(config: dict[str, Any], source: str = "<config>", name: s
 
 def load_census(source: str | Path) -> ModelCensus:
     """The census of a built-in model name, a config.json path, or a folder holding one."""
-    config, path, name = _read_config(source)
+    config, path, name = read_config(source)
     return census_from_config(config, path, name or config.get("_name_or_path") or Path(path).parent.name)
