@@ -1,0 +1,83 @@
+"""What the HTTP service and telemetry need from the driver: one small, thread-safe surface.
+
+The driver (engine/driver.py) owns the scheduler, the rank processes and reconfiguration; the
+service (engine/service.py) only translates HTTP to these calls, and telemetry only reads.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.sampler import SamplingParams
+
+
+class ApplyRefused(Exception):
+    """A plan the driver will not apply; `status` is the HTTP status the service answers with.
+
+    400: malformed or a plan_hash that does not match the plan; 409: the plan's incumbent fingerprint
+    is not the current layout, or another operation is running; 422: the plan is infeasible.
+    """
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class RequestHandle:
+    """One admitted request. `tokens` yields each new token id as it is sampled, then None at the end."""
+
+    request_id: int
+    prompt_ids: list[int]
+    tokens: queue.Queue = field(default_factory=queue.Queue)
+    done: threading.Event = field(default_factory=threading.Event)
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "refused" (with `error`)
+    error: str | None = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+class Driver(Protocol):
+    model_name: str  # served as the OpenAI model id
+    max_model_len: int
+
+    def submit(self, prompt: list[int] | str, params: SamplingParams) -> RequestHandle:
+        """Admit a request (EngineRequestError, naming why, if it can never fit or is malformed)."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (EngineError when the checkpoint has no tokenizer)."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """GET /control/state: {fingerprint, cut, shape, phase, ranks: [...], ladder: {...}}."""
+        ...
+
+    def plan(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /control/plan: {plan, plan_hash, feasible, reasons}; changes nothing.
+
+        Raises solvers.errors.SolverError for a malformed body (the service answers 400)."""
+        ...
+
+    def apply(self, plan: dict[str, Any], plan_hash: str) -> str:
+        """POST /control/apply: start the operation and return its id, or raise ApplyRefused."""
+        ...
+
+    def operation(self, operation_id: str) -> dict[str, Any] | None:
+        """GET /control/operations/{id}: {status, phase, progress, predicted, measured, error}; None if unknown."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """The current telemetry snapshot (ARCHITECTURE.md schema), numbered by `seq`."""
+        ...
+
+    def shutdown(self) -> None:
+        ...
