@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from engine.block_manager import BlockManager, SlotManager
 from engine.config import ModelConfig
 from engine.errors import EngineError
 from engine.kv_pool import KVPool
@@ -54,10 +55,13 @@ class LLM:
         state_dtype = _TORCH_DTYPES[self.shape.state_dtype or self.config.dtype]
         self.kv_pool = KVPool(self.config, layers, self.plan.pool_tokens or 0, self.shape.block_size, kv_dtype, device)
         self.state_pool = StatePool(self.config, layers, self.shape.max_num_seqs, state_dtype, device)
+        self.blocks = BlockManager(self.kv_pool.num_blocks, self.shape.block_size,
+                                   tracks_kv=bool(self.kv_pool.attention_layers))
+        self.slots = SlotManager(self.shape.max_num_seqs)
         self.model = load_model(self.checkpoint, device=device)
         self.runner = ModelRunner(self.model, self, self.shape.block_size, device)
         self.scheduler = Scheduler(
-            self.kv_pool, self.state_pool, max_num_seqs=self.shape.max_num_seqs,
+            self.blocks, self.slots, max_num_seqs=self.shape.max_num_seqs,
             max_num_batched_tokens=self.shape.max_num_batched_tokens, max_model_len=self.shape.max_model_len,
             eos_token_ids=_eos_ids(self.checkpoint))
         self.sampler = Sampler()

@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from engine.block_manager import BlockManager, SlotManager
 from engine.errors import EngineRequestError
-from engine.kv_pool import KVPool
 from engine.sequence import SeqStatus, Sequence
-from engine.state_pool import StatePool
 
 
 @dataclass
@@ -34,10 +33,10 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, kv_pool: KVPool, state_pool: StatePool, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: tuple[int, ...] = ()):
-        self.kv_pool, self.state_pool = kv_pool, state_pool
-        self.max_num_seqs = min(max_num_seqs, state_pool.num_slots)
+    def __init__(self, blocks: BlockManager, slots: SlotManager, *, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int, eos_token_ids: tuple[int, ...] = ()):
+        self.blocks, self.slots = blocks, slots
+        self.max_num_seqs = min(max_num_seqs, slots.num_slots)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = tuple(eos_token_ids)
@@ -55,11 +54,11 @@ class Scheduler:
             raise EngineRequestError(
                 f"request needs {len(seq.prompt_ids)} prompt + {seq.params.max_tokens} new = {lifetime} tokens; "
                 f"max_model_len is {self.max_model_len}: shorten the prompt or lower max_tokens")
-        blocks = self.kv_pool.blocks_for(lifetime)
-        if self.kv_pool.attention_layers and blocks > self.kv_pool.num_blocks:
+        blocks = self.blocks.blocks_for(lifetime)
+        if blocks > self.blocks.num_blocks:
             raise EngineRequestError(
-                f"request needs {lifetime} tokens = {blocks} KV blocks of {self.kv_pool.block_size}; the whole pool "
-                f"is {self.kv_pool.num_blocks} blocks ({self.kv_pool.capacity_tokens} tokens): it can never fit")
+                f"request needs {lifetime} tokens = {blocks} KV blocks of {self.blocks.block_size}; the whole pool "
+                f"is {self.blocks.num_blocks} blocks ({self.blocks.capacity_tokens} tokens): it can never fit")
         self.waiting.append(seq)
 
     @property
@@ -85,12 +84,12 @@ class Scheduler:
             budget -= count
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            blocks = self.kv_pool.blocks_for(seq.num_tokens) if self.kv_pool.attention_layers else 0
-            if blocks > self.kv_pool.free_blocks or self.state_pool.free_slots == 0:
+            blocks = self.blocks.blocks_for(seq.num_tokens)
+            if blocks > self.blocks.free_blocks or self.slots.free_slots == 0:
                 break  # first come, first served: no overtaking, no starvation
             self.waiting.popleft()
-            seq.block_table = self.kv_pool.allocate(blocks)
-            seq.state_slot = self.state_pool.allocate() if self.state_pool.linear_layers else 0
+            seq.block_table = self.blocks.allocate(blocks)
+            seq.state_slot = self.slots.allocate()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             count = min(seq.num_tokens, budget)
@@ -106,16 +105,14 @@ class Scheduler:
 
     def _grow(self, seq: Sequence, tokens: int) -> bool:
         """Give `seq` blocks for `tokens`, preempting the newest sequences if the pool is dry."""
-        if not self.kv_pool.attention_layers:
-            return True
-        needed = self.kv_pool.blocks_for(tokens) - len(seq.block_table)
-        while needed > self.kv_pool.free_blocks:
+        needed = self.blocks.blocks_for(tokens) - len(seq.block_table)
+        while needed > self.blocks.free_blocks:
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
                 return False
         if needed > 0:
-            seq.block_table += self.kv_pool.allocate(needed)
+            seq.block_table += self.blocks.allocate(needed)
         return True
 
     def preempt(self, seq: Sequence) -> None:
@@ -156,8 +153,8 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
-        self.kv_pool.release(seq.block_table)
+        self.blocks.release(seq.block_table)
         seq.block_table = []
-        if seq.state_slot is not None and self.state_pool.linear_layers:
-            self.state_pool.release(seq.state_slot)
+        if seq.state_slot is not None:
+            self.slots.release(seq.state_slot)
         seq.state_slot = None

@@ -1,4 +1,4 @@
-"""Recurrent-state slots of one rank: conv + recurrent state per sequence for its linear-attention layers.
+"""Recurrent-state tensors of one rank: conv + recurrent state per slot for its linear-attention layers.
 
 One slot per concurrent sequence (max_num_seqs): a fixed residency, never a per-token cost.
 """
@@ -9,7 +9,6 @@ import torch
 
 from engine.caches import conv_state_shape, recurrent_state_shape
 from engine.config import ModelConfig
-from engine.errors import EngineError
 from solvers.census import LayerKind
 
 
@@ -23,27 +22,10 @@ class StatePool:
                     torch.zeros(recurrent_state_shape(config, num_slots), dtype=dtype, device=device))
             for index in self.linear_layers
         }
-        self._free = list(range(num_slots - 1, -1, -1))
-
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    @property
-    def used_slots(self) -> int:
-        return self.num_slots - len(self._free)
 
     @property
     def bytes(self) -> int:
         return sum(c.numel() * c.element_size() + r.numel() * r.element_size() for c, r in self._states.values())
-
-    def allocate(self) -> int:
-        if not self._free:
-            raise EngineError(f"all {self.num_slots} state slots are in use")
-        return self._free.pop()
-
-    def release(self, slot: int) -> None:
-        self._free.append(slot)
 
     def state(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._states[layer_index]

@@ -3,10 +3,9 @@
 import random
 
 import pytest
-import torch
 
+from engine.block_manager import BlockManager, SlotManager
 from engine.errors import EngineError, EngineRequestError
-from engine.kv_pool import KVPool
 from engine.llm import LLM
 from engine.sampler import SamplingParams
 from engine.scheduler import Scheduler
@@ -58,8 +57,8 @@ def test_preemption_by_recompute_loses_nothing(folder):
     completions = llm.generate(prompts, params)
     assert llm.scheduler.preemptions > 0  # the pool really ran dry
     assert [c.token_ids for c in completions] == _alone(folder, prompts, params)
-    assert llm.kv_pool.free_blocks == llm.kv_pool.num_blocks  # every block came back
-    assert llm.state_pool.free_slots == llm.state_pool.num_slots
+    assert llm.blocks.free_blocks == llm.blocks.num_blocks  # every block came back
+    assert llm.slots.free_slots == llm.slots.num_slots
 
 
 def test_a_chunked_prefill_keeps_its_reserved_blocks(folder):
@@ -102,10 +101,9 @@ def test_a_request_that_can_never_fit_is_refused_at_submission(folder):
     assert not llm.scheduler.has_work  # nothing was admitted
 
 
-def test_the_scheduler_refuses_a_lifetime_larger_than_its_pool(folder):
-    llm = LLM(folder)
-    small = KVPool(llm.config, range(llm.config.num_layers), 64, 16, torch.float32)
-    scheduler = Scheduler(small, llm.state_pool, max_num_seqs=2, max_num_batched_tokens=32, max_model_len=2048)
+def test_the_scheduler_refuses_a_lifetime_larger_than_its_pool():
+    scheduler = Scheduler(BlockManager(4, 16), SlotManager(2), max_num_seqs=2, max_num_batched_tokens=32,
+                          max_model_len=2048)
     with pytest.raises(EngineRequestError, match="4 blocks .* it can never fit"):
         scheduler.add(Sequence(0, list(range(60)), SamplingParams(max_tokens=10)))
     assert not scheduler.has_work
