@@ -134,8 +134,10 @@ class CutPricer:
             model.layer_state_bytes_per_sequence(i, state_dtype, kv_dtype, self.shape.max_model_len) for i in indices)]
         self._attention = [0, *accumulate(int(layer.grows_with_tokens) for layer in model.layers)]
         last = rig.size - 1
+        # A tied lm_head is the embedding matrix; a last rank that is not also first holds its own copy.
+        tied_copy = model.embedding_bytes if model.tied_embeddings and rig.size > 1 else 0
         self._fixed = [
-            model.embedding_bytes * (i == 0) + model.head_bytes * (i == last) for i in range(rig.size)
+            model.embedding_bytes * (i == 0) + (model.head_bytes + tied_copy) * (i == last) for i in range(rig.size)
         ]
         self._workspace = [
             spec.workspace_bytes if spec.workspace_bytes is not None

@@ -110,3 +110,13 @@ def test_reference_rig_incumbent_binds_on_the_x4_card():
     # Moving two layers off the binder raises the pool (slack there was unreachable at the incumbent).
     assert pp_pool(load_census("reference-hybrid-64"), load_rig("reference"), [30, 18, 16]).pool_tokens > \
         result.pool_tokens
+
+
+def test_a_tied_head_is_a_second_copy_of_the_embeddings_on_a_separate_last_rank():
+    from dataclasses import replace
+
+    tied = replace(hybrid_census(), lm_head_params=0)
+    two = pp_pool(tied, make_rig(["64MiB", "64MiB"]), [8, 8]).table()
+    one = pp_pool(tied, make_rig(["128MiB"]), [16]).table()
+    assert two[1]["weights"] == 16 * MIB + tied.embedding_bytes  # 8 layers + the copied matrix
+    assert one[0]["weights"] == 32 * MIB + tied.embedding_bytes  # one rank: embeddings serve as the head
