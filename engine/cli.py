@@ -58,7 +58,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m engine", description="Seam's inference engine, one rank.")
+    parser = _Parser(prog="python -m engine", description="Seam's inference engine.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     gen = commands.add_parser("generate", help="generate tokens for one prompt")
@@ -93,6 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=_positive, default=1, help="timed runs per side; the best is kept")
     bench.add_argument("--threads", type=_positive, help="torch threads on both sides (default: torch's)")
     bench.set_defaults(handler=_bench)
+
+    serve = commands.add_parser("serve", help="the multi-rank engine with its HTTP service and telemetry")
+    serve.add_argument("--checkpoint", required=True, metavar="DIR", help="HuggingFace-layout checkpoint folder")
+    serve.add_argument("--rig", default="cpu-demo", help="built-in rig name or rig file (default cpu-demo)")
+    serve.add_argument("--cut", help="layers per rank, e.g. 7,5,4 (default: the rig's incumbent)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=_positive, default=8100)
+    serve.add_argument("--redis-url", help="publish telemetry here (default: $REDIS_URL; none: no publishing)")
+    serve.add_argument("--telemetry-hz", type=float, default=4.0)
+    serve.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    serve.set_defaults(handler=_serve)
     return parser
 
 
@@ -132,6 +143,14 @@ def _bench(args: argparse.Namespace) -> tuple[dict, str]:
                        gen_len=args.gen_len, device=args.device, rig=args.rig, memory=args.memory, seed=args.seed,
                        repeat=args.repeat, threads=args.threads)
     return result, format_text(result)
+
+
+def _serve(args: argparse.Namespace) -> tuple[dict, str]:
+    from engine.serve import default_redis_url, run_service
+
+    run_service(_checkpoint(args.checkpoint), args.rig, args.cut, args.host, args.port,
+                args.redis_url or default_redis_url(), args.telemetry_hz)
+    return {"stopped": True}, "seam engine stopped"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

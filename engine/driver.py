@@ -1,0 +1,312 @@
+"""The driver: one scheduler for the whole pipeline, the rank processes, and the engine loop.
+
+It starts one process per rank of the rig (torch.distributed between them), sizes every pool from
+the planner's prediction for the cut, verifies what the ranks measured against it, and runs steps:
+schedule -> ranks compute stage by stage -> the last rank's logits are sampled here. Requests come
+in from any thread through `submit`; reconfiguration (engine/reconfig.py) runs between steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+from engine.block_manager import BlockManager, SlotManager
+from engine.config import ModelConfig
+from engine.driver_api import RequestHandle
+from engine.errors import EngineError, EngineRequestError
+from engine.host_image import HostImage
+from engine.llm import _eos_ids, _tokenizer
+from engine.rank import RankLayout, StepPlan, rank_main
+from engine.reconfig import Operations
+from engine.sampler import Sampler, SamplingParams
+from engine.scheduler import Batch, Scheduler
+from engine.sequence import Sequence
+from engine.telemetry_snapshot import build_snapshot
+from solvers.capacity import CutPricer, PoolResult
+from solvers.rig import Rig
+from solvers.serving import ServingShape
+
+log = logging.getLogger("seam.engine")
+
+
+class RankFailure(EngineError):
+    """A rank reported an error or died; carries which rank and what it said."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank}: {message}")
+        self.rank = rank
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PipelineDriver:
+    def __init__(self, checkpoint: str | Path, rig: Rig, cut: tuple[int, ...] | None = None,
+                 shape: ServingShape | None = None):
+        self.checkpoint = Path(checkpoint)
+        self.config = ModelConfig.from_pretrained(self.checkpoint)
+        self.census = self.config.census
+        self.rig = rig
+        self.model_name = self.checkpoint.name
+        self.shape = shape or rig.shape
+        self.notes: list[str] = []
+        if cut is None:
+            cut, note = rig.incumbent_for(self.config.num_layers)
+            self.notes += [note] if note else []
+        self.cut = tuple(cut)
+        self.tokenizer = _tokenizer(self.checkpoint)
+        self.eos_ids = _eos_ids(self.checkpoint)
+        self.lock = threading.RLock()
+        self.wake = threading.Event()
+        self.sampler = Sampler()
+        self.handles: dict[int, RequestHandle] = {}
+        self.ids = itertools.count()
+        self.phase = "starting"
+        self.snapshot_seq = itertools.count(1)
+        self.throughput: deque[tuple[float, int, int]] = deque()
+        self.ops = Operations(self)
+        self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
+        self.image = HostImage.build(self.checkpoint)
+        self._start_ranks()
+        self.measured = self.call_all("build", layouts)
+        problems = self.verify(self.prediction, self.measured)
+        if problems:
+            self.shutdown()
+            raise EngineError("the ranks do not match the planner's prediction: " + "; ".join(problems))
+        self._install(self.cut, self.shape, self.prediction)
+        self.phase = "serving"
+        self._stop = False
+        self.loop = threading.Thread(target=self._loop, name="seam-engine-loop", daemon=True)
+        self.loop.start()
+
+    # --- layout arithmetic: everything comes from the planner ------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self.shape.max_model_len
+
+    def layouts(self, cut: tuple[int, ...], shape: ServingShape) -> tuple[PoolResult, list[RankLayout]]:
+        prediction = CutPricer(self.census, self.rig, shape).price(cut)
+        if not prediction.feasible:
+            raise EngineError(f"cut {list(cut)} is refused by the planner: " + "; ".join(prediction.reasons))
+        kv_dtype = shape.kv_dtype or self.census.dtype
+        state_dtype = shape.state_dtype or self.census.dtype
+        layouts = [RankLayout(tuple(cut), prediction.pool_tokens or 0, shape.block_size, shape.max_num_seqs,
+                              kv_dtype, state_dtype, r.budget_bytes, r.overhead_bytes, r.workspace_bytes,
+                              r.floor.bytes, r.margin_bytes) for r in prediction.ranks]
+        return prediction, layouts
+
+    @staticmethod
+    def verify(prediction: PoolResult, measured: list[dict]) -> list[str]:
+        """Every rank's measured pool, weights and state against the prediction; each miss named."""
+        problems = []
+        for predicted, got in zip(prediction.ranks, measured, strict=True):
+            expected = {"kv_pool_tokens": prediction.pool_tokens if predicted.attention_layers else
+                        got["kv_pool_tokens"], "weights_bytes": predicted.weights_bytes,
+                        "state_pool_bytes": predicted.state_bytes,
+                        "kv_pool_bytes": (prediction.pool_tokens or 0) * predicted.cell_bytes}
+            problems += [f"rank {predicted.rank} {key}: predicted {value}, measured {got[key]}"
+                         for key, value in expected.items() if got[key] != value]
+        return problems
+
+    def _install(self, cut: tuple[int, ...], shape: ServingShape, prediction: PoolResult) -> None:
+        """Make `cut` and `shape` current for the scheduler; only ever called with no sequence holding blocks."""
+        self.cut, self.shape, self.prediction = tuple(cut), shape, prediction
+        blocks = BlockManager((prediction.pool_tokens or 0) // shape.block_size, shape.block_size,
+                              tracks_kv=bool(self.census.attention_layers))
+        slots = SlotManager(shape.max_num_seqs)
+        old = getattr(self, "scheduler", None)
+        self.scheduler = Scheduler(blocks, slots, max_num_seqs=shape.max_num_seqs,
+                                   max_num_batched_tokens=shape.max_num_batched_tokens,
+                                   max_model_len=shape.max_model_len, eos_token_ids=self.eos_ids)
+        if old is not None:
+            self.scheduler.preemptions = old.preemptions
+            for seq in old.waiting:
+                self._requeue(seq)
+
+    def _requeue(self, seq: Sequence) -> None:
+        try:
+            self.scheduler.add(seq)
+        except EngineRequestError as error:  # the new shape cannot hold it: refused explicitly, never dropped
+            self._finish(seq, "refused", str(error))
+
+    # --- rank processes --------------------------------------------------------------------------
+    def _start_ranks(self) -> None:
+        context = mp.get_context("spawn")
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self.pipes, self.processes = [], []
+        for rank, spec in enumerate(self.rig.ranks):
+            parent, child = context.Pipe()
+            device = spec.device if spec.device.startswith("cuda") else "cpu"
+            process = context.Process(target=rank_main, name=f"seam-rank-{rank}", daemon=True, args=(
+                rank, self.rig.size, init_method, child, str(self.checkpoint), self.image, device))
+            process.start()
+            self.pipes.append(parent)
+            self.processes.append(process)
+
+    def restart_ranks(self) -> None:
+        """A dead rank breaks the process group: replace every rank process (layouts are rebuilt after)."""
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=10)
+        self._start_ranks()
+
+    def call_all(self, kind: str, payloads: list) -> list:
+        """Send one message to every rank and collect every reply; the first failure is raised."""
+        for pipe, payload in zip(self.pipes, payloads, strict=True):
+            pipe.send((kind, payload))
+        replies, failure = [], None
+        for rank, pipe in enumerate(self.pipes):
+            # A dead rank never answers, and its peers block on it: stop waiting at once.
+            ready = wait([pipe, self.processes[rank].sentinel])
+            try:
+                if pipe not in ready:
+                    raise EOFError
+                reply = pipe.recv()
+            except (EOFError, OSError):
+                raise RankFailure(rank, f"the rank process died (exit code {self.processes[rank].exitcode})") \
+                    from None
+            if reply[0] == "error":
+                log.warning("rank %d: %s\n%s", rank, reply[1], reply[2])
+                failure = failure or RankFailure(rank, reply[1])
+            replies.append(reply[1])
+        if failure:
+            raise failure
+        return replies
+
+    # --- requests --------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise EngineRequestError(f"checkpoint {self.checkpoint} has no tokenizer.json: send token ids")
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids) if self.tokenizer else ""
+
+    def submit(self, prompt: list[int] | str, params: SamplingParams) -> RequestHandle:
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise EngineRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, "
+                                     f"{self.config.vocab_size})")
+        with self.lock:
+            seq = Sequence(next(self.ids), ids, params)
+            self.scheduler.add(seq)  # refuses, naming why, a request that can never fit
+            handle = self.handles[seq.seq_id] = RequestHandle(seq.seq_id, ids)
+        self.wake.set()
+        return handle
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        handle = self.handles.pop(seq.seq_id, None)
+        self.sampler.release(seq.seq_id)
+        if handle is not None:
+            handle.finish_reason, handle.error = reason, error
+            handle.tokens.put(None)
+            handle.done.set()
+
+    # --- the engine loop -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop:
+            if self.ops.pending():
+                self.ops.run_next()
+                continue
+            with self.lock:
+                batch = self.scheduler.schedule()
+            if batch is None:
+                self.wake.wait(0.05)
+                self.wake.clear()
+                continue
+            try:
+                self._step(batch)
+            except RankFailure as error:
+                log.error("step failed: %s", error)
+                self.ops.recover(error)
+
+    def _step(self, batch: Batch) -> None:
+        token_ids, positions = [], []
+        for seq, cached, count in zip(batch.seqs, batch.cached_lens, batch.query_lens, strict=True):
+            token_ids.extend(seq.tokens[cached:cached + count])
+            positions.extend(range(cached, cached + count))
+        plan = StepPlan(token_ids, list(batch.query_lens), list(batch.cached_lens),
+                        [seq.state_slot or 0 for seq in batch.seqs], [list(seq.block_table) for seq in batch.seqs],
+                        self.shape.block_size, positions)
+        logits = self.call_all("step", [plan] * len(self.pipes))[-1]
+        ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
+        sampled = self.sampler.sample(logits[ready], [batch.seqs[i].params for i in ready],
+                                      [batch.seqs[i].seq_id for i in ready])
+        with self.lock:
+            tokens = {batch.seqs[i].seq_id: token for i, token in zip(ready, sampled, strict=True)}
+            finished = self.scheduler.commit(batch, tokens)
+            for seq_id, token in tokens.items():
+                handle = self.handles.get(seq_id)
+                if handle is not None:
+                    handle.token_ids.append(token)
+                    handle.tokens.put(token)
+            for seq in finished:
+                self._finish(seq, seq.finish_reason or "length")
+        decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
+        self.throughput.append((time.monotonic(), len(token_ids) - decode, decode))
+
+    # --- reading the engine ----------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        from solvers.plans import layout_fingerprint
+
+        return layout_fingerprint(self.cut, self.shape)
+
+    def state(self) -> dict:
+        with self.lock:
+            return {
+                "fingerprint": self.fingerprint(), "cut": list(self.cut), "shape": self.shape.to_dict(),
+                "phase": self.phase, "pool_tokens": self.prediction.pool_tokens,
+                "binding_rank": self.prediction.binding_rank, "ranks": [
+                    {**row, "measured": measured} for row, measured in zip(self.prediction.table(), self.measured,
+                                                                           strict=True)],
+                "ladder": {"armed": False}, "notes": self.notes,
+            }
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return build_snapshot(self, next(self.snapshot_seq))
+
+    def plan(self, body: dict) -> dict:
+        return self.ops.plan(body)
+
+    def apply(self, plan: dict, plan_hash: str) -> str:
+        return self.ops.apply(plan, plan_hash)
+
+    def operation(self, operation_id: str) -> dict | None:
+        return self.ops.get(operation_id)
+
+    def operations(self) -> list[dict]:
+        return self.ops.list()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        if getattr(self, "loop", None) is not None and self.loop is not threading.current_thread():
+            self.loop.join(timeout=10)
+        for pipe in getattr(self, "pipes", []):
+            with contextlib.suppress(OSError, BrokenPipeError):
+                pipe.send(("stop", None))
+        for process in getattr(self, "processes", []):
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+        with self.lock:
+            for seq_id in list(self.handles):
+                handle = self.handles.pop(seq_id)
+                handle.finish_reason, handle.error = "refused", "the engine shut down"
+                handle.tokens.put(None)
+                handle.done.set()

@@ -1,0 +1,176 @@
+"""One rank process: its layer range of the model, its KV and state pools, and its byte budget.
+
+The driver sends it messages over a pipe ("build" a layout, run a "step", "stop"); activations
+travel rank to rank over torch.distributed. A build keeps the modules of layers that stay, fills
+layers it gains from the shared host image with a checksum check on arrival, rebuilds the pools
+for its new attention layers, and enforces the rank's budget before it replaces anything.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+
+from engine.config import ModelConfig
+from engine.context import StepContext
+from engine.errors import EngineError
+from engine.host_image import HostImage
+from engine.kv_pool import KVPool
+from engine.loader import build_model
+from engine.models import RangeCausalLM
+from engine.pipeline import close_group, init_group, recv_hidden, send_hidden
+from engine.state_pool import StatePool
+
+TORCH_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """What one rank is told to become; every figure comes from the planner's prediction."""
+
+    cut: tuple[int, ...]
+    pool_tokens: int
+    block_size: int
+    num_slots: int
+    kv_dtype: str
+    state_dtype: str
+    memory_bytes: int
+    overhead_bytes: int
+    workspace_bytes: int
+    floor_bytes: int
+    margin_bytes: int
+
+    def layer_range(self, rank: int) -> range:
+        start = sum(self.cut[:rank])
+        return range(start, start + self.cut[rank])
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    token_ids: list[int]
+    query_lens: list[int]
+    cached_lens: list[int]
+    state_slots: list[int]
+    block_tables: list[list[int]]
+    block_size: int
+    positions: list[int]
+
+
+class RankWorker:
+    def __init__(self, rank: int, world: int, config: ModelConfig, image: HostImage, device: torch.device):
+        self.rank, self.world, self.config, self.image, self.device = rank, world, config, image, device
+        self.model: RangeCausalLM | None = None
+        self.kv_pool: KVPool | None = None
+        self.state_pool: StatePool | None = None
+        self.layout: RankLayout | None = None
+        # Fault injection for tests: corrupt what arrives on this rank from the image in the first
+        # reconfiguration after start-up (the start-up build itself stays clean).
+        self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
+        self.builds = 0
+
+    # LayerCaches
+    def kv(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv_pool.kv(layer_index)
+
+    def state(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.state_pool.state(layer_index)
+
+    def build(self, layout: RankLayout) -> dict:
+        """Become `layout`; on any failure the previous model and pools stay exactly as they were."""
+        layers = layout.layer_range(self.rank)
+        model = build_model(self.config, layers.start, layers.stop, device="meta")
+        loaded = self._fill(model)
+        kv_pool = KVPool(self.config, layers, layout.pool_tokens, layout.block_size,
+                         TORCH_DTYPES[layout.kv_dtype], self.device)
+        state_pool = StatePool(self.config, layers, layout.num_slots, TORCH_DTYPES[layout.state_dtype], self.device)
+        measured = self._measure(model, kv_pool, state_pool, layout)
+        if measured["free_bytes"] < layout.floor_bytes + layout.margin_bytes:
+            raise EngineError(
+                f"rank {self.rank} cannot clear its arming floor at cut {list(layout.cut)}: free "
+                f"{measured['free_bytes']} B < floor {layout.floor_bytes} B + margin {layout.margin_bytes} B")
+        self.model, self.kv_pool, self.state_pool, self.layout = model, kv_pool, state_pool, layout
+        self.builds += 1
+        measured["loaded_layers"] = loaded
+        return measured
+
+    def _fill(self, model: RangeCausalLM) -> list[int]:
+        """Reuse the modules of layers this rank already holds; copy the rest from the host image, verified."""
+        old = self.model
+        kept = set(old.layer_range) & set(model.layer_range) if old is not None else set()
+        for index in kept:
+            model.layers[str(index)] = old.layers[str(index)]
+        for part in ("embed_tokens", "norm", "lm_head"):
+            if old is not None and getattr(model, part) is not None and getattr(old, part) is not None:
+                setattr(model, part, getattr(old, part))
+        fresh = [name for name, p in model.named_parameters(remove_duplicate=False) if p.device.type == "meta"]
+        tied = self.config.tie_word_embeddings
+        for name in fresh:
+            source = "embed_tokens.weight" if name == "lm_head.weight" and tied else name
+            tensor = self.image.tensor(source).to(self.device, copy=True)
+            if self.corrupt_arrivals and self.builds > 0:
+                tensor.view(-1)[0] += 1.0
+                self.corrupt_arrivals = False
+            self.image.verify(source, tensor)
+            module_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(tensor, requires_grad=False))
+        model.tie_weights()
+        return sorted({int(n.split(".")[1]) for n in fresh if n.startswith("layers.")})
+
+    def _measure(self, model: RangeCausalLM, kv_pool: KVPool, state_pool: StatePool, layout: RankLayout) -> dict:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        used = weights + kv_pool.bytes + state_pool.bytes + layout.workspace_bytes
+        return {
+            "rank": self.rank, "pid": os.getpid(), "layers": [model.start, model.stop], "weights_bytes": weights,
+            "kv_pool_bytes": kv_pool.bytes, "kv_pool_tokens": kv_pool.capacity_tokens,
+            "state_pool_bytes": state_pool.bytes, "state_slots": state_pool.num_slots,
+            "workspace_bytes": layout.workspace_bytes, "overhead_bytes": layout.overhead_bytes,
+            "total_bytes": layout.memory_bytes,
+            "free_bytes": layout.memory_bytes - layout.overhead_bytes - used,
+            "attention_layers": len(kv_pool.attention_layers),
+        }
+
+    @torch.inference_mode()
+    def step(self, plan: StepPlan) -> torch.Tensor | None:
+        """Run this rank's layers for one step; the last rank returns next-token logits."""
+        ctx = StepContext(plan.query_lens, plan.cached_lens, plan.state_slots, plan.block_tables, plan.block_size,
+                          torch.tensor(plan.positions, dtype=torch.long, device=self.device))
+        if self.rank == 0:
+            hidden = torch.tensor(plan.token_ids, dtype=torch.long, device=self.device)
+        else:
+            hidden = recv_hidden(len(plan.token_ids), self.config.hidden_size, self.config.torch_dtype, self.device,
+                                 self.rank - 1)
+        hidden = self.model(hidden, ctx, self)
+        if self.rank < self.world - 1:
+            send_hidden(hidden, self.rank + 1)
+            return None
+        return self.model.compute_logits(hidden, ctx).float().cpu()
+
+
+def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpoint: str, image: HostImage,
+              device: str) -> None:
+    """Entry point of a rank process: serve the driver's messages until told to stop."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    target = torch.device(device)
+    init_group(rank, world, init_method, target)
+    worker = RankWorker(rank, world, ModelConfig.from_pretrained(checkpoint), image, target)
+    try:
+        while True:
+            kind, payload = conn.recv()
+            if kind == "stop":
+                break
+            try:
+                if kind == "build":
+                    conn.send(("ok", worker.build(payload)))
+                elif kind == "step":
+                    conn.send(("ok", worker.step(payload)))
+            except Exception as error:  # reported to the driver, which decides (roll back or fail)
+                conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
+    except (EOFError, KeyboardInterrupt):
+        pass  # the driver went away
+    finally:
+        close_group()

@@ -1,0 +1,231 @@
+"""Live reconfiguration: plan -> validate -> pause at a step boundary -> drain -> act -> verify -> resume,
+or restore the previous layout, verify it, and report `rolled_back` with both figures (DOMAIN.md §10).
+
+Operations run on the engine loop's thread between steps, one at a time. In-flight requests are
+preempted and requeued (recompute), never dropped; greedy outputs are the same as without the change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.driver_api import ApplyRefused
+from engine.errors import EngineError
+from solvers.errors import SolverError
+from solvers.plans import build_plan, parse_plan_request, verify_plan
+from solvers.serving import ServingShape
+
+if TYPE_CHECKING:
+    from engine.driver import PipelineDriver
+
+log = logging.getLogger("seam.engine")
+PROGRESS = {"queued": 0.0, "pausing": 0.1, "draining": 0.2, "acting": 0.4, "verifying": 0.8, "rolling_back": 0.9,
+            "done": 1.0}
+
+
+@dataclass
+class Operation:
+    id: str
+    kind: str
+    target: dict
+    plan_hash: str
+    status: str = "queued"  # queued | running | succeeded | failed | rolled_back
+    phase: str = "queued"
+    predicted: dict | None = None
+    measured: dict | None = None
+    previous: dict | None = None  # the layout restored by a rollback, as measured after restoring it
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+    @property
+    def progress(self) -> float:
+        return PROGRESS.get(self.phase, 0.0)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "kind": self.kind, "target": self.target, "plan_hash": self.plan_hash,
+                "status": self.status, "phase": self.phase, "progress": self.progress, "predicted": self.predicted,
+                "measured": self.measured, "previous": self.previous, "error": self.error, "notes": self.notes,
+                "started": self.started, "finished": self.finished}
+
+
+def figures(pool_tokens: int | None, binding_rank: int | None, ranks: list[dict]) -> dict:
+    return {"pool_tokens": pool_tokens, "binding_rank": binding_rank, "ranks": ranks}
+
+
+def measured_figures(measured: list[dict]) -> dict:
+    """The pool a pipeline really holds is the smallest pool among ranks that hold attention layers."""
+    holding = [m for m in measured if m["attention_layers"]]
+    binder = min(holding, key=lambda m: (m["kv_pool_tokens"], m["rank"])) if holding else None
+    return figures(binder["kv_pool_tokens"] if binder else None, binder["rank"] if binder else None, measured)
+
+
+def host_ram_available() -> int | None:
+    """MemAvailable from /proc/meminfo, or None when it cannot be read (the check then stands down)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class Operations:
+    def __init__(self, driver: PipelineDriver):
+        self.driver = driver
+        self.items: dict[str, Operation] = {}
+        self.queue: deque[tuple[Operation, tuple[int, ...], ServingShape]] = deque()
+        self.counter = itertools.count(1)
+
+    # --- the control API -------------------------------------------------------------------------
+    def plan(self, body: dict) -> dict:
+        driver = self.driver
+        request = parse_plan_request(body, driver.rig.size, driver.config.num_layers)
+        return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape)
+
+    def apply(self, plan: dict, plan_hash: str) -> str:
+        driver = self.driver
+        try:
+            verify_plan(plan, plan_hash)
+            request = parse_plan_request({key: plan.get(key) for key in ("kind", "target", "incumbent_fingerprint")},
+                                         driver.rig.size, driver.config.num_layers)
+        except SolverError as error:
+            raise ApplyRefused(400, str(error)) from error
+        with driver.lock:
+            if self.queue or driver.phase != "serving":
+                raise ApplyRefused(409, "another operation is in progress; operations run one at a time")
+            current = driver.fingerprint()
+            if request.incumbent_fingerprint != current:
+                raise ApplyRefused(409, f"the plan was made for layout {request.incumbent_fingerprint}; the engine "
+                                        f"now runs {current}: plan again")
+            fresh = build_plan(request, driver.census, driver.rig, driver.cut, driver.shape)
+            if not fresh["feasible"]:
+                raise ApplyRefused(422, "the plan is infeasible: " + "; ".join(fresh["reasons"]))
+            cut, shape = self._target(request)
+            op = Operation(f"op-{next(self.counter)}-{uuid.uuid4().hex[:8]}", request.kind, request.target, plan_hash)
+            self.items[op.id] = op
+            self.queue.append((op, cut, shape))
+        driver.wake.set()
+        return op.id
+
+    def _target(self, request) -> tuple[tuple[int, ...], ServingShape]:
+        driver = self.driver
+        if request.kind == "shape":
+            return driver.cut, ServingShape.from_dict({**driver.shape.to_dict(), **request.target})
+        if request.kind == "cut":
+            return tuple(request.target["cut"]), driver.shape
+        raise ApplyRefused(422, "no layout ladder is armed on this engine: arm one in the rig before a ladder move")
+
+    def get(self, operation_id: str) -> dict | None:
+        op = self.items.get(operation_id)
+        return None if op is None else op.to_dict()
+
+    def list(self) -> list[dict]:
+        return [op.to_dict() for op in self.items.values()]
+
+    def pending(self) -> bool:
+        return bool(self.queue)
+
+    # --- executing, on the engine loop's thread --------------------------------------------------
+    def run_next(self) -> None:
+        op, cut, shape = self.queue.popleft()
+        driver = self.driver
+        old_cut, old_shape, old_measured = driver.cut, driver.shape, driver.measured
+        op.status = "running"
+        try:
+            self._phase(op, "pausing")  # the loop is between steps: nothing is mid-flight now
+            self._phase(op, "draining")
+            with driver.lock:
+                for seq in reversed(list(driver.scheduler.running)):
+                    driver.scheduler.preempt(seq)  # requeued in order; recomputed after the change
+            prediction, layouts = driver.layouts(cut, shape)
+            op.predicted = figures(prediction.pool_tokens, prediction.binding_rank, prediction.table())
+            self._check_host_ram(op, cut)
+            self._phase(op, "acting")
+            measured = driver.call_all("build", layouts)
+            op.measured = measured_figures(measured)
+            self._phase(op, "verifying")
+            problems = driver.verify(prediction, measured)
+            if problems:
+                raise EngineError("verification missed the prediction: " + "; ".join(problems))
+            with driver.lock:
+                driver.measured = measured
+                driver._install(cut, shape, prediction)
+            op.status = "succeeded"
+        except (EngineError, SolverError) as error:
+            op.error = str(error)
+            log.warning("operation %s: %s; restoring %s", op.id, error, list(old_cut))
+            self._restore(op, old_cut, old_shape, old_measured)
+        finally:
+            op.phase, op.finished = "done", time.time()
+            driver.phase = "serving"
+            driver.wake.set()
+
+    def _phase(self, op: Operation, phase: str) -> None:
+        op.phase = self.driver.phase = phase
+
+    def _check_host_ram(self, op: Operation, cut: tuple[int, ...]) -> None:
+        driver = self.driver
+        gained = 0
+        for rank in range(driver.rig.size):
+            new = set(range(sum(cut[:rank]), sum(cut[:rank + 1])))
+            old = set(range(sum(driver.cut[:rank]), sum(driver.cut[:rank + 1])))
+            gained += sum(driver.image.layer_bytes(range(i, i + 1)) for i in new - old)
+        available = host_ram_available()
+        if available is None:
+            op.notes.append("host RAM could not be read (/proc/meminfo): the host RAM check stood down")
+        elif gained > available:
+            raise EngineError(f"host RAM check: the ranks would copy {gained} B of layers from the host image but "
+                              f"only {available} B are available")
+        else:
+            op.notes.append(f"host RAM check: {gained} B to copy, {available} B available")
+
+    def _restore(self, op: Operation, cut: tuple[int, ...], shape: ServingShape, measured: list[dict]) -> None:
+        """Back to the previous verified layout; `rolled_back` only if it verifies again, else `failed`."""
+        driver = self.driver
+        self._phase(op, "rolling_back")
+        try:
+            if not all(process.is_alive() for process in driver.processes):
+                driver.restart_ranks()
+            prediction, layouts = driver.layouts(cut, shape)
+            restored = driver.call_all("build", layouts)
+            problems = driver.verify(prediction, restored)
+            if problems:
+                raise EngineError("; ".join(problems))
+            with driver.lock:
+                driver.measured = restored
+                driver._install(cut, shape, prediction)
+            op.previous = measured_figures(restored)
+            op.status = "rolled_back" if op.predicted is not None else "failed"
+        except (EngineError, SolverError) as error:
+            op.status = "failed"
+            op.error = f"{op.error}; restoring the previous layout failed too: {error}"
+            driver.phase = "broken"
+            raise
+
+    def recover(self, error: EngineError) -> None:
+        """A step failed (a rank died or erred): requeue everything and restore the current layout."""
+        driver = self.driver
+        with driver.lock:
+            for seq in reversed(list(driver.scheduler.running)):
+                driver.scheduler.preempt(seq)
+        op = Operation(f"recovery-{next(self.counter)}", "recovery", {"cut": list(driver.cut)}, "", "running")
+        op.error = str(error)
+        self.items[op.id] = op
+        try:
+            self._restore(op, driver.cut, driver.shape, driver.measured)
+        except (EngineError, SolverError):
+            log.error("recovery failed; the engine is broken")
+        finally:
+            op.phase, op.finished = "done", time.time()
+            if driver.phase != "broken":
+                driver.phase = "serving"

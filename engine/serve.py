@@ -1,0 +1,41 @@
+"""`python -m engine serve`: the driver and its ranks, the HTTP service, and the telemetry publisher."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from engine.driver import PipelineDriver
+from solvers.rig import load_rig
+from solvers.timing import parse_cut
+
+log = logging.getLogger("seam.engine")
+
+
+def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
+                redis_url: str | None, telemetry_hz: float) -> None:
+    from engine.service import serve
+
+    driver = PipelineDriver(checkpoint, load_rig(rig), parse_cut(cut) if cut else None)
+    publisher = None
+    if redis_url:
+        from engine.telemetry import TelemetryPublisher
+
+        publisher = TelemetryPublisher(driver.snapshot, redis_url, hz=telemetry_hz)
+        publisher.start()
+    # SIGTERM stops as cleanly as Ctrl-C: uvicorn handles both, then everything below runs.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        print(f"seam engine: rig {driver.rig.name}, cut {list(driver.cut)}, pool {driver.prediction.pool_tokens} "
+              f"tokens, serving on http://{host}:{port}", flush=True)
+        serve(driver, host, port)
+    finally:
+        if publisher is not None:
+            publisher.stop()
+        driver.shutdown()
+
+
+def default_redis_url() -> str | None:
+    return os.environ.get("REDIS_URL") or None

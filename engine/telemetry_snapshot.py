@@ -1,0 +1,51 @@
+"""The driver's telemetry snapshot in the ARCHITECTURE.md schema: per rank memory and pools, engine state."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.driver import PipelineDriver
+
+THROUGHPUT_WINDOW_S = 5.0
+
+
+def _rates(driver: PipelineDriver) -> tuple[float, float]:
+    """Prefill and decode tokens per second over the last few seconds of steps."""
+    now = time.monotonic()
+    while driver.throughput and driver.throughput[0][0] < now - THROUGHPUT_WINDOW_S:
+        driver.throughput.popleft()
+    prefill = sum(item[1] for item in driver.throughput)
+    decode = sum(item[2] for item in driver.throughput)
+    return prefill / THROUGHPUT_WINDOW_S, decode / THROUGHPUT_WINDOW_S
+
+
+def build_snapshot(driver: PipelineDriver, seq: int) -> dict:
+    scheduler = driver.scheduler
+    ranks = []
+    for predicted, measured, spec in zip(driver.prediction.ranks, driver.measured, driver.rig.ranks, strict=True):
+        free = measured["free_bytes"]
+        ranks.append({
+            "rank": predicted.rank, "name": spec.name, "device": spec.device, "total_bytes": measured["total_bytes"],
+            "used": {"weights": measured["weights_bytes"], "kv_pool": measured["kv_pool_bytes"],
+                     "state_pool": measured["state_pool_bytes"], "arena": 0,
+                     "workspace": measured["workspace_bytes"], "other": measured["overhead_bytes"]},
+            "free_bytes": free,
+            "corridor_floor_bytes": predicted.floor.corridor_floor_bytes,
+            "arming_floor_bytes": predicted.floor.bytes,
+            "armable": free >= predicted.floor.bytes + predicted.margin_bytes,
+            "kv": {"tokens_total": measured["kv_pool_tokens"] if predicted.attention_layers else 0,
+                   "tokens_used": scheduler.blocks.used_tokens if predicted.attention_layers else 0},
+            "state_slots": {"total": measured["state_slots"], "used": scheduler.slots.used_slots},
+        })
+    prefill_rate, decode_rate = _rates(driver)
+    return {
+        "seq": seq, "ts": time.time(), "ranks": ranks,
+        "engine": {"cut": list(driver.cut), "shape": driver.shape.to_dict(), "phase": driver.phase,
+                   "running": len(scheduler.running), "waiting": len(scheduler.waiting),
+                   "prefill_tok_s": round(prefill_rate, 3), "decode_tok_s": round(decode_rate, 3),
+                   "reconfiguring": driver.phase not in ("serving", "starting"),
+                   "fingerprint": driver.fingerprint(), "pool_tokens": driver.prediction.pool_tokens,
+                   "binding_rank": driver.prediction.binding_rank, "preemptions": scheduler.preemptions},
+    }
