@@ -71,6 +71,7 @@ class RankWorker:
         # Fault injection for tests: corrupt what arrives on this rank from the image in the first
         # reconfiguration after start-up (the start-up build itself stays clean).
         self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
+        self.die_in_reconfiguration = os.environ.get("SEAM_FAULT_DIE_RANK") == str(rank)
         self.builds = 0
 
     # LayerCaches
@@ -82,6 +83,8 @@ class RankWorker:
 
     def build(self, layout: RankLayout) -> dict:
         """Become `layout`; on any failure the previous model and pools stay exactly as they were."""
+        if self.die_in_reconfiguration and self.builds > 0:
+            os._exit(17)  # fault injection: this rank dies in the middle of an operation
         layers = layout.layer_range(self.rank)
         model = build_model(self.config, layers.start, layers.stop, device="meta")
         loaded = self._fill(model)
