@@ -1,0 +1,294 @@
+"""The engine's HTTP service: OpenAI-compatible generation, the control API, Prometheus metrics.
+
+It only translates HTTP to the `Driver` surface (engine/driver_api.py). Every driver call may block (locks,
+rank round trips), so each runs on a worker thread; waiting for tokens polls the request's queue from the
+event loop instead, so a thousand open streams hold no threads and a slow one never starves the control API.
+
+Errors are JSON and never carry a traceback: `{"error": {"message", "type", "param"}}` under /v1 (OpenAI's
+shape), `{"error": "..."}` elsewhere. Unexpected exceptions answer 500 with a short message; the traceback
+goes to the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import uvicorn
+from anyio import to_thread
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.driver_api import ApplyRefused, Driver, RequestHandle
+from engine.errors import EngineError, EngineRequestError
+from engine.openai_api import ApiError, IncrementalText, Reply, error_body, parse_chat, parse_completion
+from solvers.errors import SolverError
+
+log = logging.getLogger(__name__)
+
+_POLL_FIRST_S = 0.0005  # a decode step takes milliseconds: poll fast after a token, back off while idle
+_POLL_MAX_S = 0.01
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _error(request: Request, status: int, message: str, param: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    openai = request.url.path.startswith("/v1/")
+    body = error_body(message, status, param) if openai else {"error": message}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Map every refusal to its status and every surprise to a clean 500, whatever the handler raised."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as error:
+            return _error(request, error.status, error.message, error.param)
+        except ApplyRefused as error:
+            return _error(request, error.status, str(error))
+        except (EngineRequestError, SolverError) as error:
+            return _error(request, 400, str(error))
+        except Exception as error:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _error(request, 500, f"internal error ({type(error).__name__}); the engine log has the details")
+
+    return endpoint
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    # The router's own 404 and 405 (with its Allow header), in the same shapes as every other error.
+    assert isinstance(error, HTTPException)
+    message = {404: f"no route {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, error.detail)
+    return _error(request, error.status_code, message, headers=error.headers)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError("the request body is empty: send a JSON object")
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError alike
+        raise ApiError(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise ApiError(f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json accepts NaN and Infinity, which no sampling parameter or plan may be.
+    raise ValueError(f"{name} is not a JSON number")
+
+
+async def _run(function: Callable[..., Any], *args: Any, limiter: anyio.CapacityLimiter | None = None) -> Any:
+    return await to_thread.run_sync(function, *args, limiter=limiter)
+
+
+async def _wait(handle: RequestHandle) -> None:
+    delay = _POLL_FIRST_S
+    while not handle.done.is_set():
+        await anyio.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX_S)
+
+
+async def _token_batches(handle: RequestHandle) -> AsyncIterator[list[int]]:
+    """Each batch of token ids sampled since the last, until the request's end marker (None)."""
+    delay = _POLL_FIRST_S
+    while True:
+        batch: list[int] = []
+        ended = False
+        try:
+            while not ended:
+                token = handle.tokens.get_nowait()
+                ended = token is None
+                if not ended:
+                    batch.append(token)
+        except queue.Empty:
+            # A driver that fails before queueing its end marker still sets `done`.
+            ended = handle.done.is_set() and handle.tokens.empty()
+        if batch:
+            yield batch
+            delay = _POLL_FIRST_S
+        if ended:
+            await _wait(handle)  # finish_reason and error are final only once `done` is set
+            return
+        if not batch:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+
+
+def _failure(handle: RequestHandle) -> ApiError | None:
+    if handle.finish_reason == "refused":
+        return ApiError(handle.error or "the engine refused the request")
+    if handle.error:
+        return ApiError(f"generation failed: {handle.error}", status=500)
+    return None
+
+
+class _Service:
+    """The handlers, bound to one driver."""
+
+    def __init__(self, driver: Driver):
+        self.driver = driver
+        # Control and metrics calls get threads of their own: under load generation fills the default pool,
+        # and an operator must still be able to see and change the layout.
+        self.control_threads = anyio.CapacityLimiter(4)
+
+    async def _control(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await _run(function, *args, limiter=self.control_threads)
+
+    async def _cancel(self, handle: RequestHandle) -> None:
+        # The client went away: free the request's slots if the driver can (`cancel` is optional).
+        cancel = getattr(self.driver, "cancel", None)
+        if cancel is not None:
+            with anyio.CancelScope(shield=True):
+                await _run(cancel, handle.request_id)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        driver = self.driver
+        body = await _json_object(request)
+        parsed = parse_chat(body, driver.model_name) if chat else parse_completion(body, driver.model_name)
+        prompt = parsed.prompt
+        if isinstance(prompt, str):
+            try:
+                prompt = await _run(driver.encode, prompt)
+            except EngineError as error:  # no tokenizer: the client must send token ids
+                raise ApiError(str(error), "messages" if chat else "prompt") from None
+        params = parsed.params(len(prompt), driver.max_model_len)
+        handle: RequestHandle = await _run(driver.submit, prompt, params)
+        reply = Reply(chat=chat, model=driver.model_name)
+        if parsed.stream:
+            return StreamingResponse(self._events(handle, reply, parsed.include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        finished = False
+        try:
+            await _wait(handle)
+            finished = True
+        finally:
+            if not finished:
+                await self._cancel(handle)
+        failure = _failure(handle)
+        if failure:
+            raise failure
+        text = await _run(driver.decode, handle.token_ids)
+        return JSONResponse(reply.whole(text, list(handle.token_ids), handle.finish_reason, len(handle.prompt_ids)))
+
+    async def _events(self, handle: RequestHandle, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+        """Server-sent events: one chunk per batch of new tokens, a last one with the finish reason, [DONE]."""
+        text = IncrementalText(self.driver.decode)
+        finished = False
+        try:
+            if reply.chat:
+                yield _sse(reply.chunk("", [], role=True))
+            async for batch in _token_batches(handle):
+                yield _sse(reply.chunk(await _run(text.push, batch), batch))
+            finished = True
+            failure = _failure(handle)
+            if failure:
+                yield _sse(error_body(failure.message, failure.status))
+            else:
+                yield _sse(reply.chunk(await _run(text.flush), [], handle.finish_reason))
+                if include_usage:
+                    yield _sse(reply.usage_chunk(len(handle.prompt_ids), len(handle.token_ids)))
+        except Exception as error:  # the status line is sent: all that is left is to say so in the stream
+            log.exception("stream %s failed", reply.id)
+            yield _sse(error_body(f"internal error ({type(error).__name__}); the engine log has the details", 500))
+        finally:
+            if not finished:
+                await self._cancel(handle)
+        yield "data: [DONE]\n\n"
+
+    async def models(self, request: Request) -> Response:
+        driver = self.driver
+        return JSONResponse({"object": "list", "data": [{"id": driver.model_name, "object": "model", "created": 0,
+                                                         "owned_by": "seam", "max_model_len": driver.max_model_len}]})
+
+    async def state(self, request: Request) -> Response:
+        return JSONResponse(await self._control(self.driver.state))
+
+    async def plan(self, request: Request) -> Response:
+        return JSONResponse(await self._control(self.driver.plan, await _json_object(request)))
+
+    async def apply(self, request: Request) -> Response:
+        body = await _json_object(request)
+        unknown = sorted(set(body) - {"plan", "plan_hash"})
+        if unknown:
+            raise ApiError(f"unrecognized field {unknown[0]}: send {{plan, plan_hash}}")
+        if not isinstance(body.get("plan"), dict):
+            raise ApiError("plan is missing or not an object: send the plan exactly as /control/plan returned it")
+        if not isinstance(body.get("plan_hash"), str) or not body["plan_hash"]:
+            raise ApiError("plan_hash is missing or not a string: send the plan_hash /control/plan returned")
+        operation_id = await self._control(self.driver.apply, body["plan"], body["plan_hash"])
+        return JSONResponse({"operation_id": operation_id}, status_code=202,
+                            headers={"Location": f"/control/operations/{operation_id}"})
+
+    async def operation(self, request: Request) -> Response:
+        operation_id = request.path_params["operation_id"]
+        found = await self._control(self.driver.operation, operation_id)
+        if found is None:
+            raise ApiError(f"no operation {operation_id}", status=404)
+        return JSONResponse(found)
+
+    async def metrics(self, request: Request) -> Response:
+        driver = self.driver
+
+        def render() -> str:
+            # Imported here so the service starts (and serves /v1) even where telemetry cannot.
+            from engine.telemetry import prometheus_text
+
+            operations = getattr(driver, "operations", lambda: [])()
+            return prometheus_text(driver.snapshot(), operations)
+
+        return PlainTextResponse(await self._control(render), media_type=METRICS_CONTENT_TYPE)
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def build_app(driver: Driver) -> Starlette:
+    """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one."""
+    service = _Service(driver)
+    routes = [
+        ("/v1/completions", service.completions, "POST"),
+        ("/v1/chat/completions", service.chat, "POST"),
+        ("/v1/models", service.models, "GET"),
+        ("/control/state", service.state, "GET"),
+        ("/control/plan", service.plan, "POST"),
+        ("/control/apply", service.apply, "POST"),
+        ("/control/operations/{operation_id}", service.operation, "GET"),
+        ("/metrics", service.metrics, "GET"),
+        ("/healthz", service.healthz, "GET"),
+    ]
+    return Starlette(routes=[Route(path, _guarded(handler), methods=[method]) for path, handler, method in routes],
+                     exception_handlers={HTTPException: _http_error})
+
+
+def serve(driver: Driver, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve until interrupted, then shut the driver down (its rank processes with it)."""
+    try:
+        # Open streams would hold a graceful shutdown forever; give them a few seconds to finish.
+        uvicorn.run(build_app(driver), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        driver.shutdown()
