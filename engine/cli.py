@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_positive, default=8100)
     serve.add_argument("--redis-url", help="publish telemetry here (default: $REDIS_URL; none: no publishing)")
     serve.add_argument("--telemetry-hz", type=float, default=4.0)
+    serve.add_argument("--telemetry-channel", default="seam:telemetry", help="Redis pub/sub channel")
     serve.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     return parser
@@ -149,7 +150,7 @@ def _serve(args: argparse.Namespace) -> tuple[dict, str]:
     from engine.serve import default_redis_url, run_service
 
     run_service(_checkpoint(args.checkpoint), args.rig, args.cut, args.host, args.port,
-                args.redis_url or default_redis_url(), args.telemetry_hz)
+                args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel)
     return {"stopped": True}, "seam engine stopped"
 
 

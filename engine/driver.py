@@ -42,9 +42,9 @@ log = logging.getLogger("seam.engine")
 class RankFailure(EngineError):
     """A rank reported an error or died; carries which rank and what it said."""
 
-    def __init__(self, rank: int, message: str):
+    def __init__(self, rank: int, message: str, died: bool = False):
         super().__init__(f"rank {rank}: {message}")
-        self.rank = rank
+        self.rank, self.died = rank, died
 
 
 def _free_port() -> int:
@@ -73,9 +73,11 @@ class PipelineDriver:
         self.wake = threading.Event()
         self.sampler = Sampler()
         self.handles: dict[int, RequestHandle] = {}
+        self.cancelled: set[int] = set()
         self.ids = itertools.count()
         self.phase = "starting"
         self.snapshot_seq = itertools.count(1)
+        self.last_seq = 0
         self.throughput: deque[tuple[float, int, int]] = deque()
         self.ops = Operations(self)
         self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
@@ -177,8 +179,9 @@ class PipelineDriver:
                     raise EOFError
                 reply = pipe.recv()
             except (EOFError, OSError):
-                raise RankFailure(rank, f"the rank process died (exit code {self.processes[rank].exitcode})") \
-                    from None
+                self.processes[rank].join(timeout=5)
+                raise RankFailure(rank, f"the rank process died (exit code {self.processes[rank].exitcode})",
+                                  died=True) from None
             if reply[0] == "error":
                 log.warning("rank %d: %s\n%s", rank, reply[1], reply[2])
                 failure = failure or RankFailure(rank, reply[1])
@@ -209,6 +212,20 @@ class PipelineDriver:
         self.wake.set()
         return handle
 
+    def cancel(self, request_id: int) -> None:
+        """The client went away: the request is dropped at the next step boundary."""
+        with self.lock:
+            self.cancelled.add(request_id)
+        self.wake.set()
+
+    def _drop_cancelled(self) -> None:
+        with self.lock:
+            for request_id in self.cancelled:
+                seq = self.scheduler.abort(request_id)
+                if seq is not None:
+                    self._finish(seq, "cancelled")
+            self.cancelled.clear()
+
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         handle = self.handles.pop(seq.seq_id, None)
         self.sampler.release(seq.seq_id)
@@ -220,6 +237,8 @@ class PipelineDriver:
     # --- the engine loop -------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
+            if self.cancelled:
+                self._drop_cancelled()
             if self.ops.pending():
                 self.ops.run_next()
                 continue
@@ -277,9 +296,12 @@ class PipelineDriver:
                 "ladder": {"armed": False}, "notes": self.notes,
             }
 
-    def snapshot(self) -> dict:
+    def snapshot(self, advance: bool = False) -> dict:
+        """The current snapshot; only the publisher advances `seq`, so a scrape never leaves a gap."""
         with self.lock:
-            return build_snapshot(self, next(self.snapshot_seq))
+            if advance:
+                self.last_seq = next(self.snapshot_seq)
+            return build_snapshot(self, self.last_seq)
 
     def plan(self, body: dict) -> dict:
         return self.ops.plan(body)

@@ -164,7 +164,7 @@ class Operations:
         except (EngineError, SolverError) as error:
             op.error = str(error)
             log.warning("operation %s: %s; restoring %s", op.id, error, list(old_cut))
-            self._restore(op, old_cut, old_shape, old_measured)
+            self._restore(op, old_cut, old_shape, old_measured, restart=getattr(error, "died", False))
         finally:
             op.phase, op.finished = "done", time.time()
             driver.phase = "serving"
@@ -189,12 +189,16 @@ class Operations:
         else:
             op.notes.append(f"host RAM check: {gained} B to copy, {available} B available")
 
-    def _restore(self, op: Operation, cut: tuple[int, ...], shape: ServingShape, measured: list[dict]) -> None:
-        """Back to the previous verified layout; `rolled_back` only if it verifies again, else `failed`."""
+    def _restore(self, op: Operation, cut: tuple[int, ...], shape: ServingShape, measured: list[dict],
+                 restart: bool = False) -> None:
+        """Back to the previous verified layout; `rolled_back` only if it verifies again, else `failed`.
+
+        A dead rank breaks the whole process group, so then every rank process is replaced first.
+        """
         driver = self.driver
         self._phase(op, "rolling_back")
         try:
-            if not all(process.is_alive() for process in driver.processes):
+            if restart or not all(process.is_alive() for process in driver.processes):
                 driver.restart_ranks()
             prediction, layouts = driver.layouts(cut, shape)
             restored = driver.call_all("build", layouts)
@@ -222,7 +226,7 @@ class Operations:
         op.error = str(error)
         self.items[op.id] = op
         try:
-            self._restore(op, driver.cut, driver.shape, driver.measured)
+            self._restore(op, driver.cut, driver.shape, driver.measured, restart=getattr(error, "died", False))
         except (EngineError, SolverError):
             log.error("recovery failed; the engine is broken")
         finally:

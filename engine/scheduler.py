@@ -125,6 +125,17 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(seq)
 
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Drop a request its client gave up on (between steps); its blocks and slot come back."""
+        for seq in [*self.running, *self.waiting]:
+            if seq.seq_id == seq_id:
+                if seq in self.waiting:
+                    self.waiting.remove(seq)
+                self._release(seq)
+                seq.status, seq.finish_reason = SeqStatus.FINISHED, "cancelled"
+                return seq
+        return None
+
     # --- after the step ------------------------------------------------------------------
     def commit(self, batch: Batch, sampled: dict[int, int]) -> list[Sequence]:
         """Credit the step's cached tokens and sampled tokens; return the sequences that finished."""

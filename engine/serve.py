@@ -15,7 +15,7 @@ log = logging.getLogger("seam.engine")
 
 
 def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
-                redis_url: str | None, telemetry_hz: float) -> None:
+                redis_url: str | None, telemetry_hz: float, telemetry_channel: str = "seam:telemetry") -> None:
     from engine.service import serve
 
     driver = PipelineDriver(checkpoint, load_rig(rig), parse_cut(cut) if cut else None)
@@ -23,7 +23,8 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     if redis_url:
         from engine.telemetry import TelemetryPublisher
 
-        publisher = TelemetryPublisher(driver.snapshot, redis_url, hz=telemetry_hz)
+        publisher = TelemetryPublisher(lambda: driver.snapshot(advance=True), redis_url, telemetry_channel,
+                                       hz=telemetry_hz)
         publisher.start()
     # SIGTERM stops as cleanly as Ctrl-C: uvicorn handles both, then everything below runs.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -236,7 +236,8 @@ def build_plan(request: PlanRequest | dict, model: ModelCensus, rig: Rig, curren
     pricing = CutPricer(model, rig, shape).price(cut)
     predicted = _predicted(pricing, shape)
     if request.kind == "shape":
-        band, reason = _band_check(model, pricing, shape, safety_band_bytes)
+        band, reason = _band_check(model, pricing, shape,
+                                   safety_band_bytes if safety_band_bytes is not None else rig.safety_band_bytes)
         predicted["safety_band"] = band
         if reason:
             predicted["reasons"].append(reason)

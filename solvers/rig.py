@@ -56,6 +56,7 @@ class Rig:
     reference_model: str | None = None
     description: str = ""
     source: str = "<rig>"
+    safety_band_bytes: int | None = None  # free band kept after everything; None: the planner's default (2 GiB)
 
     @property
     def size(self) -> int:
@@ -128,7 +129,7 @@ def rig_from_dict(data: Any, source: str = "<rig>", default_name: str = "rig") -
     if not isinstance(data, dict):
         raise reader.error("", f"a rig profile must be an object, got {type(data).__name__}")
     reader.only(data, "", {"name", "description", "ranks", "incumbent_cut", "shape", "noise_floor",
-                           "booted_cuts", "reference_model"})
+                           "booted_cuts", "reference_model", "safety_band"})
     ranks_data = data.get("ranks")
     if not isinstance(ranks_data, list) or not ranks_data:
         raise reader.error("ranks", "a rig needs a non-empty list of ranks")
@@ -153,6 +154,7 @@ def rig_from_dict(data: Any, source: str = "<rig>", default_name: str = "rig") -
         name=str(data.get("name", default_name)), ranks=ranks, incumbent_cut=incumbent, shape=shape,
         noise_floor=float(noise_floor), booted_cuts=booted, reference_model=data.get("reference_model"),
         description=str(data.get("description", "")), source=source,
+        safety_band_bytes=None if data.get("safety_band") is None else reader.size(data["safety_band"], "safety_band"),
     )
 
 

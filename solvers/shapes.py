@@ -183,5 +183,6 @@ def fit_on_rig(model: ModelCensus, rig: Rig, max_model_len: int, seqs: int, *, c
     # capacity refuses a pool shorter than one sequence without a pool number; that is this shape not
     # fitting, so read the binder from the rank table (the same min rule) to show the failing arithmetic.
     binder = min((r for r in pricing.ranks if r.allowed_tokens is not None), key=lambda r: (r.allowed_tokens, r.rank))
-    result = fit(binder.allowed_tokens * per_token, per_token, max_model_len, seqs, safety_band_bytes)
+    band = safety_band_bytes if safety_band_bytes is not None else rig.safety_band_bytes
+    result = fit(binder.allowed_tokens * per_token, per_token, max_model_len, seqs, band)
     return RigShape(pricing, binder.allowed_tokens, binder.rank, per_token, result, result.refusal, tuple(notes))

@@ -1,0 +1,106 @@
+"""Starting the real engine service (`python -m engine serve`) for integration tests, and talking to it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveService:
+    def __init__(self, checkpoint: Path, rig: str = "cpu-demo", extra_env: dict | None = None,
+                 redis_url: str | None = None, channel: str = "seam:telemetry"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, **(extra_env or {})}
+        env.pop("REDIS_URL", None)
+        command = [sys.executable, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", rig,
+                   "--port", str(self.port)]
+        if redis_url:
+            command += ["--redis-url", redis_url, "--telemetry-hz", "10", "--telemetry-channel", channel]
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
+        self.output: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.client = httpx.Client(base_url=self.url, timeout=120)
+        self._wait_ready()
+
+    def _drain(self) -> None:
+        for line in self.process.stdout:
+            self.output.append(line)
+
+    def _wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("engine service exited:\n" + "".join(self.output))
+            try:
+                if self.client.get("/healthz").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("engine service did not start:\n" + "".join(self.output))
+
+    def complete(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        reply = self.client.post("/v1/completions", json={"prompt": prompt_ids, "max_tokens": max_tokens,
+                                                            "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["token_ids"]
+
+    def state(self) -> dict:
+        return self.client.get("/control/state").json()
+
+    def plan(self, kind: str, target: dict) -> dict:
+        reply = self.client.post("/control/plan", json={"kind": kind, "target": target,
+                                                        "incumbent_fingerprint": self.state()["fingerprint"]})
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def apply(self, planned: dict) -> httpx.Response:
+        return self.client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": planned["plan_hash"]})
+
+    def wait_operation(self, operation_id: str, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            operation = self.client.get(f"/control/operations/{operation_id}").json()
+            if operation["status"] not in ("queued", "running"):
+                return operation
+            time.sleep(0.05)
+        raise AssertionError(f"operation {operation_id} did not finish")
+
+    def stop(self) -> int:
+        self.client.close()
+        self.process.terminate()
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def run_concurrently(service: LiveService, prompts: list[list[int]], max_tokens: int) -> tuple[list, list]:
+    """Start every request on its own thread; returns (threads, results) — join the threads to read results."""
+    results: list = [None] * len(prompts)
+
+    def one(index: int) -> None:
+        results[index] = service.complete(prompts[index], max_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    return threads, results

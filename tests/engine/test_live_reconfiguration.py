@@ -1,0 +1,164 @@
+"""The real engine service with three rank processes on CPU, reconfigured live under load.
+
+Every request completes with exactly the tokens it gets without any reconfiguration (greedy), the
+pool the ranks measure equals the planner's prediction, and the state the service reports changes.
+"""
+
+import json
+import random
+import time
+import uuid
+
+import pytest
+import redis
+from live_service import LiveService, run_concurrently
+
+from engine.demo import make_demo_checkpoint
+from engine.llm import LLM
+from engine.sampler import SamplingParams
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("live-demo")
+    make_demo_checkpoint(folder, force=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = random.Random(11)
+    return [[rng.randrange(3, 1024) for _ in range(rng.randrange(4, 120))] for _ in range(12)]
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoint, prompts):
+    """What each request gets on one rank with no reconfiguration at all."""
+    llm = LLM(checkpoint)
+    return [c.token_ids for c in llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))]
+
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture(scope="module")
+def channel():
+    return f"seam:test-telemetry:{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def service(checkpoint, channel):
+    live = LiveService(checkpoint, redis_url=REDIS_URL, channel=channel)
+    yield live
+    assert live.stop() in (0, -15)
+
+
+def _telemetry_until(subscription, condition, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = subscription.get_message(timeout=1.0)
+        if message and message["type"] == "message":
+            snapshot = json.loads(message["data"])
+            if condition(snapshot):
+                return snapshot
+    raise AssertionError("telemetry never showed the change")
+
+
+def _reconfigure_under_load(service, prompts, kind, target):
+    threads, results = run_concurrently(service, prompts, MAX_TOKENS)
+    time.sleep(0.5)  # let the load get going: prefills and decodes in flight
+    planned = service.plan(kind, target)
+    assert planned["feasible"], planned["reasons"]
+    reply = service.apply(planned)
+    assert reply.status_code == 202, reply.text
+    operation = service.wait_operation(reply.json()["operation_id"])
+    for thread in threads:
+        thread.join(timeout=180)
+    return operation, results, planned
+
+
+def test_three_ranks_give_the_single_rank_tokens(service, prompts, expected):
+    threads, results = run_concurrently(service, prompts, MAX_TOKENS)
+    for thread in threads:
+        thread.join(timeout=180)
+    assert results == expected
+    state = service.state()
+    assert state["cut"] == [7, 5, 4] and len(state["ranks"]) == 3
+
+
+def test_a_cut_change_under_load_loses_nothing_and_matches_the_prediction(service, prompts, expected, channel):
+    subscription = redis.Redis.from_url(REDIS_URL).pubsub()
+    subscription.subscribe(channel)
+    before = service.state()
+    operation, results, planned = _reconfigure_under_load(service, prompts, "cut", {"cut": [8, 4, 4]})
+    assert operation["status"] == "succeeded", operation
+    assert results == expected
+    assert operation["measured"]["pool_tokens"] == operation["predicted"]["pool_tokens"]
+    assert operation["measured"]["pool_tokens"] == planned["plan"]["predicted"]["pool_tokens"]
+    after = service.state()
+    assert after["cut"] == [8, 4, 4] and after["fingerprint"] != before["fingerprint"]
+    assert [rank["measured"]["layers"] for rank in after["ranks"]] == [[0, 8], [8, 12], [12, 16]]
+    # Layers that stayed were not reloaded: rank 0 only gained layer 7.
+    assert after["ranks"][0]["measured"]["loaded_layers"] == [7]
+    shown = _telemetry_until(subscription, lambda snapshot: snapshot["engine"]["cut"] == [8, 4, 4])
+    assert shown["engine"]["pool_tokens"] == operation["measured"]["pool_tokens"]
+    assert [rank["kv"]["tokens_total"] for rank in shown["ranks"]] == [operation["measured"]["pool_tokens"]] * 3
+    subscription.close()
+
+
+def test_a_shape_change_under_load_loses_nothing(service, prompts, expected):
+    operation, results, _ = _reconfigure_under_load(service, prompts, "shape",
+                                                    {"max_num_seqs": 4, "max_num_batched_tokens": 128})
+    assert operation["status"] == "succeeded", operation
+    assert results == expected
+    assert operation["measured"]["pool_tokens"] == operation["predicted"]["pool_tokens"]
+    state = service.state()
+    assert state["shape"]["max_num_seqs"] == 4
+    assert all(rank["measured"]["state_slots"] == 4 for rank in state["ranks"])
+
+
+def test_an_infeasible_plan_is_refused_and_changes_nothing(service):
+    before = service.state()
+    planned = service.plan("cut", {"cut": [3, 12, 1]})
+    assert not planned["feasible"] and planned["reasons"]
+    reply = service.apply(planned)
+    assert reply.status_code == 422 and "infeasible" in reply.json()["error"]
+    assert service.state()["fingerprint"] == before["fingerprint"]
+
+
+def test_a_stale_fingerprint_is_refused(service):
+    current = service.state()
+    stale = service.plan("cut", {"cut": current["cut"][::-1] if current["cut"] != [4, 4, 8] else [8, 4, 4]})
+    moved = service.plan("shape", {"max_num_seqs": 6})
+    assert service.wait_operation(service.apply(moved).json()["operation_id"])["status"] == "succeeded"
+    reply = service.apply(stale)
+    assert reply.status_code == 409 and "plan again" in reply.json()["error"]
+
+
+def test_a_tampered_plan_is_refused(service):
+    planned = service.plan("shape", {"max_num_seqs": 5})
+    planned["plan"]["target"]["max_num_seqs"] = 7
+    reply = service.apply(planned)
+    assert reply.status_code == 400 and "plan_hash" in reply.json()["error"]
+
+
+@pytest.mark.parametrize("fault, expect", [
+    ({"SEAM_FAULT_CORRUPT_RANK": "1"}, "checksum mismatch"),
+    ({"SEAM_FAULT_DIE_RANK": "2"}, "died"),
+])
+def test_a_failed_operation_rolls_back_and_loses_nothing(checkpoint, prompts, expected, fault, expect):
+    live = LiveService(checkpoint, extra_env=fault)
+    try:
+        before = live.state()
+        operation, results, _ = _reconfigure_under_load(live, prompts, "cut", {"cut": [6, 6, 4]})
+        assert operation["status"] == "rolled_back", operation
+        assert expect in operation["error"]
+        assert operation["previous"]["pool_tokens"] == before["pool_tokens"]  # restored and verified
+        assert results == expected  # nothing lost
+        after = live.state()
+        assert after["cut"] == before["cut"] and after["fingerprint"] == before["fingerprint"]
+        assert after["phase"] == "serving"
+    finally:
+        live.stop()
