@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis-url", help="publish telemetry here (default: $REDIS_URL; none: no publishing)")
     serve.add_argument("--telemetry-hz", type=float, default=4.0)
     serve.add_argument("--telemetry-channel", default="seam:telemetry", help="Redis pub/sub channel")
+    serve.add_argument("--ladder", help="arm a layout ladder: rungs as cuts separated by ';', e.g. '7,5,4;8,4,4' "
+                                        "(the serving cut must be one of them)")
     serve.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     return parser
@@ -150,7 +152,7 @@ def _serve(args: argparse.Namespace) -> tuple[dict, str]:
     from engine.serve import default_redis_url, run_service
 
     run_service(_checkpoint(args.checkpoint), args.rig, args.cut, args.host, args.port,
-                args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel)
+                args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel, args.ladder)
     return {"stopped": True}, "seam engine stopped"
 
 

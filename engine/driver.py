@@ -33,6 +33,7 @@ from engine.scheduler import Batch, Scheduler
 from engine.sequence import Sequence
 from engine.telemetry_snapshot import build_snapshot
 from solvers.capacity import CutPricer, PoolResult
+from solvers.ladder import Ladder, price_ladder, switch_cost_s
 from solvers.rig import Rig
 from solvers.serving import ServingShape
 
@@ -55,7 +56,7 @@ def _free_port() -> int:
 
 class PipelineDriver:
     def __init__(self, checkpoint: str | Path, rig: Rig, cut: tuple[int, ...] | None = None,
-                 shape: ServingShape | None = None):
+                 shape: ServingShape | None = None, ladder: list[tuple[int, ...]] | None = None):
         self.checkpoint = Path(checkpoint)
         self.config = ModelConfig.from_pretrained(self.checkpoint)
         self.census = self.config.census
@@ -67,6 +68,10 @@ class PipelineDriver:
             cut, note = rig.incumbent_for(self.config.num_layers)
             self.notes += [note] if note else []
         self.cut = tuple(cut)
+        self.rungs = [tuple(rung) for rung in ladder or []]
+        if self.rungs and self.cut not in self.rungs:
+            raise EngineError(f"the serving cut {list(self.cut)} must be a rung of the ladder "
+                              f"{[list(r) for r in self.rungs]}")
         self.tokenizer = _tokenizer(self.checkpoint)
         self.eos_ids = _eos_ids(self.checkpoint)
         self.lock = threading.RLock()
@@ -81,7 +86,7 @@ class PipelineDriver:
         self.throughput: deque[tuple[float, int, int]] = deque()
         self.ops = Operations(self)
         self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
-        self.image = HostImage.build(self.checkpoint)
+        self.image = HostImage.build(self.checkpoint, rungs=self.rungs)
         self._start_ranks()
         self.measured = self.call_all("build", layouts)
         problems = self.verify(self.prediction, self.measured)
@@ -99,15 +104,31 @@ class PipelineDriver:
     def max_model_len(self) -> int:
         return self.shape.max_model_len
 
+    def ladder(self, shape: ServingShape | None = None) -> Ladder | None:
+        """The armed ladder priced at `shape` (default: the current one), or None when none is armed."""
+        if not self.rungs:
+            return None
+        return price_ladder(self.census, self.rig, self.rungs, shape or self.shape)
+
     def layouts(self, cut: tuple[int, ...], shape: ServingShape) -> tuple[PoolResult, list[RankLayout]]:
-        prediction = CutPricer(self.census, self.rig, shape).price(cut)
+        ladder = self.ladder(shape)
+        if ladder is not None:
+            if tuple(cut) not in self.rungs:
+                raise EngineError(f"cut {list(cut)} is not a rung of the armed ladder {[list(r) for r in self.rungs]}")
+            prediction = ladder.rung(cut).pool
+        else:
+            prediction = CutPricer(self.census, self.rig, shape).price(cut)
         if not prediction.feasible:
             raise EngineError(f"cut {list(cut)} is refused by the planner: " + "; ".join(prediction.reasons))
         kv_dtype = shape.kv_dtype or self.census.dtype
         state_dtype = shape.state_dtype or self.census.dtype
         layouts = [RankLayout(tuple(cut), prediction.pool_tokens or 0, shape.block_size, shape.max_num_seqs,
                               kv_dtype, state_dtype, r.budget_bytes, r.overhead_bytes, r.workspace_bytes,
-                              r.floor.bytes, r.margin_bytes) for r in prediction.ranks]
+                              r.floor.bytes, r.margin_bytes, rung=ladder is not None,
+                              arena_bytes=ladder.image_bytes[r.rank] if ladder else 0,
+                              state_reserve_bytes=(ladder.pinned_bytes[r.rank] - ladder.image_bytes[r.rank]
+                                                   - r.state_bytes) if ladder else 0)
+                   for r in prediction.ranks]
         return prediction, layouts
 
     @staticmethod
@@ -118,7 +139,8 @@ class PipelineDriver:
             expected = {"kv_pool_tokens": prediction.pool_tokens if predicted.attention_layers else
                         got["kv_pool_tokens"], "weights_bytes": predicted.weights_bytes,
                         "state_pool_bytes": predicted.state_bytes,
-                        "kv_pool_bytes": (prediction.pool_tokens or 0) * predicted.cell_bytes}
+                        "kv_pool_bytes": (prediction.pool_tokens or 0) * predicted.cell_bytes,
+                        "arena_bytes": predicted.arena_bytes}
             problems += [f"rank {predicted.rank} {key}: predicted {value}, measured {got[key]}"
                          for key, value in expected.items() if got[key] != value]
         return problems
@@ -293,8 +315,17 @@ class PipelineDriver:
                 "binding_rank": self.prediction.binding_rank, "ranks": [
                     {**row, "measured": measured} for row, measured in zip(self.prediction.table(), self.measured,
                                                                            strict=True)],
-                "ladder": {"armed": False}, "notes": self.notes,
+                "ladder": self._ladder_state(), "notes": self.notes,
             }
+
+    def _ladder_state(self) -> dict:
+        ladder = self.ladder()
+        if ladder is None:
+            return {"armed": False}
+        return {"armed": True, "rungs": [list(r) for r in self.rungs], "current": list(self.cut),
+                "switch_cost_s": switch_cost_s(ladder, self.cut), "image_bytes": list(ladder.image_bytes),
+                "pinned_bytes": list(ladder.pinned_bytes),
+                "pools": {",".join(map(str, r.cut)): r.pool_tokens for r in ladder.rungs}}
 
     def snapshot(self, advance: bool = False) -> dict:
         """The current snapshot; only the publisher advances `seq`, so a scrape never leaves a gap."""

@@ -9,7 +9,9 @@ for its new attention layers, and enforces the rank's budget before it replaces 
 from __future__ import annotations
 
 import os
+import time
 import traceback
+import zlib
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -17,8 +19,8 @@ import torch
 
 from engine.config import ModelConfig
 from engine.context import StepContext
-from engine.errors import EngineError
-from engine.host_image import HostImage
+from engine.errors import EngineError, EngineLoadError
+from engine.host_image import HostImage, source_name
 from engine.kv_pool import KVPool
 from engine.loader import build_model
 from engine.models import RangeCausalLM
@@ -44,6 +46,9 @@ class RankLayout:
     workspace_bytes: int
     floor_bytes: int
     margin_bytes: int
+    rung: bool = False  # a ladder is armed: weights live in a fixed arena, refilled by one contiguous copy
+    arena_bytes: int = 0  # the arena: the deepest rung's weights on this rank
+    state_reserve_bytes: int = 0  # state slots held for the deepest rung beyond this rung's
 
     def layer_range(self, rank: int) -> range:
         start = sum(self.cut[:rank])
@@ -68,6 +73,8 @@ class RankWorker:
         self.kv_pool: KVPool | None = None
         self.state_pool: StatePool | None = None
         self.layout: RankLayout | None = None
+        self.arena: torch.Tensor | None = None
+        self.reserve: torch.Tensor | None = None
         # Fault injection for tests: corrupt what arrives on this rank from the image in the first
         # reconfiguration after start-up (the start-up build itself stays clean).
         self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
@@ -87,7 +94,12 @@ class RankWorker:
             os._exit(17)  # fault injection: this rank dies in the middle of an operation
         layers = layout.layer_range(self.rank)
         model = build_model(self.config, layers.start, layers.stop, device="meta")
-        loaded = self._fill(model)
+        switch_s = None
+        if layout.rung:
+            loaded, switch_s = self._fill_arena(model, layout)
+        else:
+            loaded = self._fill(model)
+            self.arena = self.reserve = None
         kv_pool = KVPool(self.config, layers, layout.pool_tokens, layout.block_size,
                          TORCH_DTYPES[layout.kv_dtype], self.device)
         state_pool = StatePool(self.config, layers, layout.num_slots, TORCH_DTYPES[layout.state_dtype], self.device)
@@ -99,7 +111,41 @@ class RankWorker:
         self.model, self.kv_pool, self.state_pool, self.layout = model, kv_pool, state_pool, layout
         self.builds += 1
         measured["loaded_layers"] = loaded
+        measured["switch_s"] = switch_s
         return measured
+
+    def _fill_arena(self, model: RangeCausalLM, layout: RankLayout) -> tuple[list[int], float]:
+        """Refill the fixed arena with this rung's image in one copy, verify it, bind the weights as views.
+
+        The arena is overwritten in place, so a failed check leaves no usable old weights: the driver
+        restores by switching back (another refill), which is what a ladder is for.
+        """
+        image = self.image.rungs[(layout.cut, self.rank)]
+        if self.arena is None or self.arena.numel() != layout.arena_bytes:
+            self.arena = torch.empty(layout.arena_bytes, dtype=torch.uint8, device=self.device)
+        used = image.buffer.numel()
+        started = time.perf_counter()
+        self.arena[:used].copy_(image.buffer)
+        if self.corrupt_arrivals and self.builds > 0:
+            self.arena[0] ^= 0xFF
+            self.corrupt_arrivals = False
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        arrived = zlib.crc32(self.arena[:used].cpu().numpy())
+        switch_s = time.perf_counter() - started
+        if arrived != image.crc32:
+            raise EngineLoadError(f"checksum mismatch on arrival of rung {list(layout.cut)} on rank {self.rank}: "
+                                  f"image crc32 {image.crc32:08x}, arena {arrived:08x}")
+        offset = 0
+        for name in image.names:
+            entry = self.image.entry(source_name(self.config, name))
+            view = self.arena[offset:offset + entry.nbytes].view(entry.dtype).reshape(entry.shape)
+            module_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(view, requires_grad=False))
+            offset += entry.nbytes
+        model.tie_weights()
+        self.reserve = torch.empty(layout.state_reserve_bytes, dtype=torch.uint8, device=self.device)
+        return list(model.layer_range), switch_s
 
     def _fill(self, model: RangeCausalLM) -> list[int]:
         """Reuse the modules of layers this rank already holds; copy the rest from the host image, verified."""
@@ -126,11 +172,13 @@ class RankWorker:
 
     def _measure(self, model: RangeCausalLM, kv_pool: KVPool, state_pool: StatePool, layout: RankLayout) -> dict:
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        used = weights + kv_pool.bytes + state_pool.bytes + layout.workspace_bytes
+        # What the arena holds beyond this rung's weights, and the state reserve, still cost memory.
+        arena = (layout.arena_bytes - weights + layout.state_reserve_bytes) if layout.rung else 0
+        used = weights + arena + kv_pool.bytes + state_pool.bytes + layout.workspace_bytes
         return {
             "rank": self.rank, "pid": os.getpid(), "layers": [model.start, model.stop], "weights_bytes": weights,
             "kv_pool_bytes": kv_pool.bytes, "kv_pool_tokens": kv_pool.capacity_tokens,
-            "state_pool_bytes": state_pool.bytes, "state_slots": state_pool.num_slots,
+            "state_pool_bytes": state_pool.bytes, "state_slots": state_pool.num_slots, "arena_bytes": arena,
             "workspace_bytes": layout.workspace_bytes, "overhead_bytes": layout.overhead_bytes,
             "total_bytes": layout.memory_bytes,
             "free_bytes": layout.memory_bytes - layout.overhead_bytes - used,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from engine.driver_api import ApplyRefused
 from engine.errors import EngineError
 from solvers.errors import SolverError
+from solvers.ladder import switch_cost_s
 from solvers.plans import build_plan, parse_plan_request, verify_plan
 from solvers.serving import ServingShape
 
@@ -64,7 +65,11 @@ def measured_figures(measured: list[dict]) -> dict:
     """The pool a pipeline really holds is the smallest pool among ranks that hold attention layers."""
     holding = [m for m in measured if m["attention_layers"]]
     binder = min(holding, key=lambda m: (m["kv_pool_tokens"], m["rank"])) if holding else None
-    return figures(binder["kv_pool_tokens"] if binder else None, binder["rank"] if binder else None, measured)
+    result = figures(binder["kv_pool_tokens"] if binder else None, binder["rank"] if binder else None, measured)
+    switches = [m["switch_s"] for m in measured if m.get("switch_s") is not None]
+    if switches:
+        result["switch_s"] = max(switches)  # ranks refill in parallel: the slowest sets the switch time
+    return result
 
 
 def host_ram_available() -> int | None:
@@ -90,7 +95,7 @@ class Operations:
     def plan(self, body: dict) -> dict:
         driver = self.driver
         request = parse_plan_request(body, driver.rig.size, driver.config.num_layers)
-        return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape)
+        return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
 
     def apply(self, plan: dict, plan_hash: str) -> str:
         driver = self.driver
@@ -107,7 +112,10 @@ class Operations:
             if request.incumbent_fingerprint != current:
                 raise ApplyRefused(409, f"the plan was made for layout {request.incumbent_fingerprint}; the engine "
                                         f"now runs {current}: plan again")
-            fresh = build_plan(request, driver.census, driver.rig, driver.cut, driver.shape)
+            try:
+                fresh = build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
+            except SolverError as error:
+                raise ApplyRefused(422, str(error)) from error
             if not fresh["feasible"]:
                 raise ApplyRefused(422, "the plan is infeasible: " + "; ".join(fresh["reasons"]))
             cut, shape = self._target(request)
@@ -121,9 +129,13 @@ class Operations:
         driver = self.driver
         if request.kind == "shape":
             return driver.cut, ServingShape.from_dict({**driver.shape.to_dict(), **request.target})
-        if request.kind == "cut":
+        if request.kind == "cut" and not driver.rungs:
             return tuple(request.target["cut"]), driver.shape
-        raise ApplyRefused(422, "no layout ladder is armed on this engine: arm one in the rig before a ladder move")
+        if request.kind == "cut":
+            raise ApplyRefused(422, "a ladder is armed: move between its rungs with a ladder plan")
+        if not driver.rungs:
+            raise ApplyRefused(422, "no layout ladder is armed on this engine: start it with --ladder to move on one")
+        return tuple(request.target["rung"]), driver.shape
 
     def get(self, operation_id: str) -> dict | None:
         op = self.items.get(operation_id)
@@ -149,6 +161,9 @@ class Operations:
                     driver.scheduler.preempt(seq)  # requeued in order; recomputed after the change
             prediction, layouts = driver.layouts(cut, shape)
             op.predicted = figures(prediction.pool_tokens, prediction.binding_rank, prediction.table())
+            ladder = driver.ladder(shape)
+            if ladder is not None:
+                op.predicted["switch_cost_s"] = switch_cost_s(ladder, cut)
             self._check_host_ram(op, cut)
             self._phase(op, "acting")
             measured = driver.call_all("build", layouts)

@@ -15,10 +15,12 @@ log = logging.getLogger("seam.engine")
 
 
 def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
-                redis_url: str | None, telemetry_hz: float, telemetry_channel: str = "seam:telemetry") -> None:
+                redis_url: str | None, telemetry_hz: float, telemetry_channel: str = "seam:telemetry",
+                ladder: str | None = None) -> None:
     from engine.service import serve
 
-    driver = PipelineDriver(checkpoint, load_rig(rig), parse_cut(cut) if cut else None)
+    rungs = [parse_cut(rung) for rung in ladder.split(";")] if ladder else None
+    driver = PipelineDriver(checkpoint, load_rig(rig), parse_cut(cut) if cut else None, ladder=rungs)
     publisher = None
     if redis_url:
         from engine.telemetry import TelemetryPublisher

@@ -29,7 +29,7 @@ def build_snapshot(driver: PipelineDriver, seq: int) -> dict:
         ranks.append({
             "rank": predicted.rank, "name": spec.name, "device": spec.device, "total_bytes": measured["total_bytes"],
             "used": {"weights": measured["weights_bytes"], "kv_pool": measured["kv_pool_bytes"],
-                     "state_pool": measured["state_pool_bytes"], "arena": 0,
+                     "state_pool": measured["state_pool_bytes"], "arena": measured.get("arena_bytes", 0),
                      "workspace": measured["workspace_bytes"], "other": measured["overhead_bytes"]},
             "free_bytes": free,
             "corridor_floor_bytes": predicted.floor.corridor_floor_bytes,

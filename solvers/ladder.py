@@ -43,7 +43,7 @@ class Rung:
 @dataclass(frozen=True)
 class Ladder:
     rungs: tuple[Rung, ...]
-    pinned_bytes: tuple[int, ...]  # per rank: max over rungs of weights + state slots
+    pinned_bytes: tuple[int, ...]  # per rank: deepest rung's weights + deepest rung's state slots
     image_bytes: tuple[int, ...]  # per rank: the arena's weights image copied host->device on a switch
     h2d_bytes_per_s: tuple[float, ...]
 
@@ -79,9 +79,12 @@ def price_ladder(model: ModelCensus, rig: Rig, cuts: Sequence[Sequence[int]], sh
     bare = CutPricer(model, rig, shape)
     budgets = [[bare.rank_budget(i, start, stop) for i, (start, stop) in enumerate(_ranges(cut))] for cut in rungs]
     resident = [tuple(b.weights_bytes + b.state_bytes for b in row) for row in budgets]
-    pinned = tuple(max(column) for column in zip(*resident, strict=True))
     # the host image carries weights only: state slots are runtime state, never copied from the host
     image = tuple(max(b.weights_bytes for b in column) for column in zip(*budgets, strict=True))
+    # Weights (the arena) and state slots are each held for their deepest rung, so a rank's resident total
+    # is the same on every rung even when the rung with the most weights is not the one with the most state.
+    pinned = tuple(arena + max(b.state_bytes for b in column)
+                   for arena, column in zip(image, zip(*budgets, strict=True), strict=True))
     priced = []
     for cut, held in zip(rungs, resident, strict=True):
         # the arena pins the deepest rung's bytes; this rung uses `held` of them, the rest still costs pool

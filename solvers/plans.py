@@ -22,6 +22,7 @@ from solvers.capacity import CutPricer, PoolResult
 from solvers.census import ModelCensus
 from solvers.dtypes import width
 from solvers.errors import SolverError
+from solvers.ladder import Ladder, switch_cost_s
 from solvers.rig import Rig
 from solvers.serving import ServingShape
 from solvers.shapes import fit, safety_band
@@ -217,12 +218,14 @@ def _band_check(model: ModelCensus, pricing: PoolResult, shape: ServingShape,
 
 
 def build_plan(request: PlanRequest | dict, model: ModelCensus, rig: Rig, current_cut: Sequence[int],
-               current_shape: ServingShape, *, safety_band_bytes: int | str | None = None) -> dict:
+               current_shape: ServingShape, *, safety_band_bytes: int | str | None = None,
+               ladder: Ladder | None = None) -> dict:
     """Price a request against the current layout: `{plan, plan_hash, feasible, reasons}`; changes nothing.
 
     cut: the target cut at the current shape. shape: the current cut at the current shape with the
     target's fields laid over it, kept only if the pool still holds the safety band (default 2 GiB;
-    scaled-down rigs pass their own). ladder: the rung's cut, priced without the arena the engine adds.
+    scaled-down rigs pass their own). ladder: the rung's cut, priced with the armed ladder's arena when
+    `ladder` is given (with the predicted switch cost), else without it and a note saying so.
     """
     if isinstance(request, dict):
         request = parse_plan_request(request, rig.size, model.num_layers)
@@ -233,7 +236,13 @@ def build_plan(request: PlanRequest | dict, model: ModelCensus, rig: Rig, curren
         except SolverError as error:
             raise SolverError(f"target: {error}") from None
         cut = tuple(current_cut)
-    pricing = CutPricer(model, rig, shape).price(cut)
+    rung = None
+    if request.kind == "ladder" and ladder is not None:
+        rung = next((r for r in ladder.rungs if r.cut == tuple(cut)), None)
+        if rung is None:
+            raise SolverError(f"target.rung: {list(cut)} is not a rung of the armed ladder "
+                              f"{[list(r.cut) for r in ladder.rungs]}")
+    pricing = rung.pool if rung is not None else CutPricer(model, rig, shape).price(cut)
     predicted = _predicted(pricing, shape)
     if request.kind == "shape":
         band, reason = _band_check(model, pricing, shape,
@@ -242,7 +251,9 @@ def build_plan(request: PlanRequest | dict, model: ModelCensus, rig: Rig, curren
         if reason:
             predicted["reasons"].append(reason)
             predicted["feasible"] = False
-    if request.kind == "ladder":
+    if rung is not None:
+        predicted["switch_cost_s"] = switch_cost_s(ladder, rung.cut, current_cut)
+    elif request.kind == "ladder":
         predicted["notes"].append("priced without the ladder's arena; the engine adds it for its armed ladder")
     # Through canonical JSON and back: the plan holds only JSON types, so it hashes the same after a round trip.
     plan = json.loads(canonical_json({**request.to_dict(), "predicted": predicted}))

@@ -23,13 +23,15 @@ def free_port() -> int:
 
 class LiveService:
     def __init__(self, checkpoint: Path, rig: str = "cpu-demo", extra_env: dict | None = None,
-                 redis_url: str | None = None, channel: str = "seam:telemetry"):
+                 redis_url: str | None = None, channel: str = "seam:telemetry", ladder: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **(extra_env or {})}
         env.pop("REDIS_URL", None)
         command = [sys.executable, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", rig,
                    "--port", str(self.port)]
+        if ladder:
+            command += ["--ladder", ladder]
         if redis_url:
             command += ["--redis-url", redis_url, "--telemetry-hz", "10", "--telemetry-channel", channel]
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

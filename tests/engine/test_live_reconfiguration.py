@@ -162,3 +162,29 @@ def test_a_failed_operation_rolls_back_and_loses_nothing(checkpoint, prompts, ex
         assert after["phase"] == "serving"
     finally:
         live.stop()
+
+
+def test_a_ladder_move_under_load_refills_the_arena_and_loses_nothing(checkpoint, prompts, expected):
+    live = LiveService(checkpoint, ladder="7,5,4;8,4,4;9,4,3")
+    try:
+        ladder = live.state()["ladder"]
+        assert ladder["armed"] and ladder["current"] == [7, 5, 4]
+        operation, results, planned = _reconfigure_under_load(live, prompts, "ladder", {"rung": [9, 4, 3]})
+        assert operation["status"] == "succeeded", operation
+        assert results == expected
+        assert operation["measured"]["pool_tokens"] == operation["predicted"]["pool_tokens"] == \
+            ladder["pools"]["9,4,3"]
+        # The switch is measured and set beside the planner's prediction (slowest rank's image over its link).
+        assert operation["predicted"]["switch_cost_s"] == planned["plan"]["predicted"]["switch_cost_s"] > 0
+        assert operation["measured"]["switch_s"] > 0
+        state = live.state()
+        assert state["cut"] == [9, 4, 3]
+        # Every rung keeps the arena: a rank's resident weights + arena are the same at every rung.
+        resident = [r["measured"]["weights_bytes"] + r["measured"]["arena_bytes"] + r["measured"]["state_pool_bytes"]
+                    for r in state["ranks"]]
+        assert resident == ladder["pinned_bytes"]
+        off_ladder = live.client.post("/control/plan", json={"kind": "ladder", "target": {"rung": [6, 6, 4]},
+                                                             "incumbent_fingerprint": state["fingerprint"]})
+        assert off_ladder.status_code == 400 and "not a rung" in off_ladder.json()["error"]
+    finally:
+        live.stop()
