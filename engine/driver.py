@@ -175,7 +175,8 @@ class PipelineDriver:
             parent, child = context.Pipe()
             device = spec.device if spec.device.startswith("cuda") else "cpu"
             process = context.Process(target=rank_main, name=f"seam-rank-{rank}", daemon=True, args=(
-                rank, self.rig.size, init_method, child, str(self.checkpoint), self.image, device))
+                rank, self.rig.size, init_method, child, str(self.checkpoint), self.image, device,
+                spec.memory_bytes))
             process.start()
             self.pipes.append(parent)
             self.processes.append(process)

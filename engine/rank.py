@@ -175,7 +175,9 @@ class RankWorker:
         # What the arena holds beyond this rung's weights, and the state reserve, still cost memory.
         arena = (layout.arena_bytes - weights + layout.state_reserve_bytes) if layout.rung else 0
         used = weights + arena + kv_pool.bytes + state_pool.bytes + layout.workspace_bytes
+        device_figures = cuda_memory(self.device) if self.device.type == "cuda" else {}
         return {
+            **device_figures,
             "rank": self.rank, "pid": os.getpid(), "layers": [model.start, model.stop], "weights_bytes": weights,
             "kv_pool_bytes": kv_pool.bytes, "kv_pool_tokens": kv_pool.capacity_tokens,
             "state_pool_bytes": state_pool.bytes, "state_slots": state_pool.num_slots, "arena_bytes": arena,
@@ -202,11 +204,35 @@ class RankWorker:
         return self.model.compute_logits(hidden, ctx).float().cpu()
 
 
+def cuda_memory(device: torch.device) -> dict:
+    """Real device memory: what torch's allocator holds for this process, and what NVML says of the card."""
+    figures = {"device_allocated_bytes": torch.cuda.memory_allocated(device),
+               "device_reserved_bytes": torch.cuda.memory_reserved(device)}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(device.index or 0))
+        figures.update(device_total_bytes=info.total, device_used_bytes=info.used, device_free_bytes=info.free)
+    except Exception as error:  # NVML missing or refused: say so rather than guess
+        figures["nvml_error"] = str(error)
+    return figures
+
+
+def cap_cuda_memory(device: torch.device, memory_bytes: int) -> None:
+    """Several ranks may share one large GPU in tests: cap this process at its rig budget."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, memory_bytes / total), device)
+
+
 def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpoint: str, image: HostImage,
-              device: str) -> None:
+              device: str, memory_bytes: int) -> None:
     """Entry point of a rank process: serve the driver's messages until told to stop."""
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     target = torch.device(device)
+    if target.type == "cuda":
+        torch.cuda.set_device(target)
+        cap_cuda_memory(target, memory_bytes)
     init_group(rank, world, init_method, target)
     worker = RankWorker(rank, world, ModelConfig.from_pretrained(checkpoint), image, target)
     try:
