@@ -26,6 +26,12 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "channels",
+    "console.audit",
+    "console.jobs",
 ]
 
 MIDDLEWARE = [
@@ -63,6 +69,32 @@ DATABASES = {
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+ENGINE_URL = os.environ.get("SEAM_ENGINE_URL", "http://127.0.0.1:8100")
+TELEMETRY_CHANNEL = os.environ.get("SEAM_TELEMETRY_CHANNEL", "seam:telemetry")
+
+# Review gate (ARCHITECTURE.md): how many reviewer approvals a job needs, and how long one stays valid.
+SEAM_REQUIRED_APPROVALS = int(os.environ.get("SEAM_REQUIRED_APPROVALS", "1"))
+SEAM_APPROVAL_TTL_S = int(os.environ.get("SEAM_APPROVAL_TTL_S", "3600"))
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True  # a worker killed mid-job leaves the message to be redelivered
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+
+CHANNEL_LAYERS = {
+    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "Seam console API", "VERSION": "1.0.0"}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -1,0 +1,1 @@
+"""Audit models, one concern per file."""

@@ -1,0 +1,1 @@
+"""Reconfiguration jobs behind a review gate: propose, approve, run through the engine, settle."""
