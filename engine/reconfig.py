@@ -106,6 +106,8 @@ class Operations:
         except SolverError as error:
             raise ApplyRefused(400, str(error)) from error
         with driver.lock:
+            if driver.phase == "broken":
+                raise ApplyRefused(409, "the engine could not restore a verified layout after a failure: restart it")
             if self.queue or driver.phase != "serving":
                 raise ApplyRefused(409, "another operation is in progress; operations run one at a time")
             current = driver.fingerprint()
