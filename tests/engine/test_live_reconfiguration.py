@@ -188,3 +188,13 @@ def test_a_ladder_move_under_load_refills_the_arena_and_loses_nothing(checkpoint
         assert off_ladder.status_code == 400 and "not a rung" in off_ladder.json()["error"]
     finally:
         live.stop()
+
+
+def test_operations_run_one_at_a_time(service):
+    first = service.plan("shape", {"max_num_batched_tokens": 256})
+    second = service.plan("shape", {"max_num_batched_tokens": 192})
+    accepted = service.apply(first)
+    assert accepted.status_code == 202
+    refused = service.apply(second)  # busy, or made for the layout the first one is replacing
+    assert refused.status_code == 409
+    assert service.wait_operation(accepted.json()["operation_id"])["status"] == "succeeded"
