@@ -223,6 +223,8 @@ class PipelineDriver:
         return self.tokenizer.decode(token_ids) if self.tokenizer else ""
 
     def submit(self, prompt: list[int] | str, params: SamplingParams) -> RequestHandle:
+        if self.phase == "broken":
+            raise EngineRequestError("the engine could not restore a verified layout after a failure: restart it")
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
         if bad:
@@ -249,6 +251,14 @@ class PipelineDriver:
                     self._finish(seq, "cancelled")
             self.cancelled.clear()
 
+    def refuse_all(self, why: str) -> None:
+        """Nothing is silently lost: every queued or running request is refused, saying why."""
+        with self.lock:
+            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                self._finish(seq, "refused", why)
+            self.scheduler.running.clear()
+            self.scheduler.waiting.clear()
+
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         handle = self.handles.pop(seq.seq_id, None)
         self.sampler.release(seq.seq_id)
@@ -273,8 +283,8 @@ class PipelineDriver:
                 continue
             try:
                 self._step(batch)
-            except RankFailure as error:
-                log.error("step failed: %s", error)
+            except Exception as error:  # a failed step requeues its requests and restores the layout
+                log.exception("step failed: %s", error)
                 self.ops.recover(error)
 
     def _step(self, batch: Batch) -> None:

@@ -178,13 +178,18 @@ class Operations:
                 driver.measured = measured
                 driver._install(cut, shape, prediction)
             op.status = "succeeded"
-        except (EngineError, SolverError) as error:
-            op.error = str(error)
+        except Exception as error:  # any failure restores the previous layout; none may end the loop
+            op.error = f"{type(error).__name__}: {error}" if not isinstance(error, EngineError | SolverError) \
+                else str(error)
             log.warning("operation %s: %s; restoring %s", op.id, error, list(old_cut))
-            self._restore(op, old_cut, old_shape, old_measured, restart=getattr(error, "died", False))
+            try:
+                self._restore(op, old_cut, old_shape, old_measured, restart=getattr(error, "died", False))
+            except Exception:
+                log.exception("operation %s: restoring %s failed; the engine is broken", op.id, list(old_cut))
         finally:
             op.phase, op.finished = "done", time.time()
-            driver.phase = "serving"
+            if driver.phase != "broken":
+                driver.phase = "serving"
             driver.wake.set()
 
     def _phase(self, op: Operation, phase: str) -> None:
@@ -227,13 +232,14 @@ class Operations:
                 driver._install(cut, shape, prediction)
             op.previous = measured_figures(restored)
             op.status = "rolled_back" if op.predicted is not None else "failed"
-        except (EngineError, SolverError) as error:
+        except Exception as error:
             op.status = "failed"
             op.error = f"{op.error}; restoring the previous layout failed too: {error}"
             driver.phase = "broken"
+            driver.refuse_all("the engine could not restore a verified layout after a failure")
             raise
 
-    def recover(self, error: EngineError) -> None:
+    def recover(self, error: Exception) -> None:
         """A step failed (a rank died or erred): requeue everything and restore the current layout."""
         driver = self.driver
         with driver.lock:
@@ -244,8 +250,9 @@ class Operations:
         self.items[op.id] = op
         try:
             self._restore(op, driver.cut, driver.shape, driver.measured, restart=getattr(error, "died", False))
-        except (EngineError, SolverError):
-            log.error("recovery failed; the engine is broken")
+            op.status = "succeeded"  # the running layout was restored and verified again
+        except Exception:
+            log.exception("recovery failed; the engine is broken")
         finally:
             op.phase, op.finished = "done", time.time()
             if driver.phase != "broken":

@@ -96,11 +96,15 @@ async def _run(function: Callable[..., Any], *args: Any, limiter: anyio.Capacity
     return await to_thread.run_sync(function, *args, limiter=limiter)
 
 
-async def _wait(handle: RequestHandle) -> None:
+async def _wait(handle: RequestHandle, request: Request | None = None) -> bool:
+    """Wait for the request to finish; False when the client went away first (it is then cancelled)."""
     delay = _POLL_FIRST_S
     while not handle.done.is_set():
+        if request is not None and await request.is_disconnected():
+            return False
         await anyio.sleep(delay)
         delay = min(delay * 2, _POLL_MAX_S)
+    return True
 
 
 async def _token_batches(handle: RequestHandle) -> AsyncIterator[list[int]]:
@@ -180,8 +184,7 @@ class _Service:
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         finished = False
         try:
-            await _wait(handle)
-            finished = True
+            finished = await _wait(handle, request)
         finally:
             if not finished:
                 await self._cancel(handle)

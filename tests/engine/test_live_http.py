@@ -246,9 +246,6 @@ def _busy(service) -> bool:
     return samples[("seam_engine_running", ())] + samples[("seam_engine_waiting", ())] > 0
 
 
-@pytest.mark.xfail(strict=True, reason="engine/service.py: a non-streaming request is not cancelled when its client "
-                                       "disconnects (uvicorn never cancels the handler; _wait does not watch "
-                                       "request.is_disconnected()), so it decodes to max_tokens holding its slot")
 def test_a_non_streaming_client_that_disconnects_is_cancelled(service):
     body = {"prompt": [7, 8, 9], "max_tokens": MAX_MODEL_LEN - 3, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.TimeoutException):
