@@ -86,7 +86,8 @@ class PipelineDriver:
         self.throughput: deque[tuple[float, int, int]] = deque()
         self.ops = Operations(self)
         self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
-        self.image = HostImage.build(self.checkpoint, rungs=self.rungs)
+        on_gpu = any(spec.device.startswith("cuda") for spec in rig.ranks)
+        self.image = HostImage.build(self.checkpoint, pin=on_gpu, rungs=self.rungs)
         self._start_ranks()
         self.measured = self.call_all("build", layouts)
         problems = self.verify(self.prediction, self.measured)
