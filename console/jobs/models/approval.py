@@ -1,0 +1,40 @@
+"""A reviewer's approval of one job, bound to the plan_hash the reviewer saw, valid until it expires."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+__all__ = ["Approval"]
+
+
+class ApprovalQuerySet(models.QuerySet):
+    def counting(self, plan_hash: str, now: datetime | None = None) -> ApprovalQuerySet:
+        """Approvals that still count: given for exactly this plan (rule 2) and not expired (rule 3)."""
+        return self.filter(plan_hash=plan_hash, expires_at__gt=now or timezone.now())
+
+
+class Approval(models.Model):
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="approvals")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL,
+                                 related_name="job_approvals")
+    reviewer_name = models.CharField(max_length=150, help_text="The reviewer's username, frozen.")
+    plan_hash = models.CharField(max_length=64, help_text="The plan the reviewer saw; another plan dismisses it.")
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    expires_at = models.DateTimeField()
+
+    objects = ApprovalQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["created", "id"]
+        constraints = [models.CheckConstraint(condition=models.Q(expires_at__gt=models.F("created")),
+                                              name="jobs_approval_expires_after_created")]
+
+    def __str__(self) -> str:
+        return f"approval of job {self.job_id} by {self.reviewer_name}"
+
+    def counts_for(self, plan_hash: str, now: datetime | None = None) -> bool:
+        return self.plan_hash == plan_hash and self.expires_at > (now or timezone.now())
