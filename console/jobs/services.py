@@ -1,0 +1,410 @@
+"""The one service layer for jobs: pages, the API and the worker all change jobs through these functions.
+
+    propose(user, body)            operator: ask the engine for a plan, store it with its hash and prediction
+    revise(user, job, body=None)   the proposer: plan again; a new plan_hash dismisses every approval (rule 2)
+    approve(user, job, plan_hash=) reviewer, never the proposer (rule 1), bound to the plan_hash seen (rule 2);
+                                   counts unexpired approvals against SEAM_REQUIRED_APPROVALS (rule 3); the last
+                                   one needed moves the job approved -> queued and hands it to Celery on commit
+    reject(user, job, reason=)     reviewer: proposed -> rejected; the engine is never asked
+    cancel(user, job)              operator, own job, before it runs: -> cancelled
+    start / record_operation / report_progress / finish     the worker's side (console.jobs.worker)
+
+Every transition is compare-and-set on the status (an UPDATE filtered on the expected status, refused unless
+it changed exactly one row), so two reviewers, two workers or a worker and the reconciler cannot both win.
+Every transition records an audit event in the same transaction (console.audit.services.record; if that
+fails the change rolls back), and the live hook (events.publish_job_update) runs only after the commit.
+Refusals raise console.jobs.errors (each with its HTTP status_code).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from console.audit.request_id import current_request_id, is_sane_request_id
+from console.audit.services import record
+from console.jobs.choices import CANCELLABLE, TERMINAL, JobKind, JobStatus, can_move
+from console.jobs.engine_client import EngineClient, EngineError, EngineRefused, EngineUnreachable
+from console.jobs.errors import (
+    Conflict,
+    EngineUnavailable,
+    InvalidProposal,
+    JobError,
+    JobNotFound,
+    NotAllowed,
+    PlanInfeasible,
+)
+from console.jobs.events import publish_job_update
+from console.jobs.models import Approval, Job
+from console.jobs.roles import OPERATOR, REVIEWER, has_role
+from solvers.errors import SolverError
+from solvers.plans import verify_plan
+
+__all__ = ["approve", "approvals_counting", "cancel", "finish", "propose", "record_operation", "reject",
+           "report_progress", "required_approvals", "revise", "start"]
+
+log = logging.getLogger("seam.jobs")
+
+BODY_FIELDS = ("kind", "target", "incumbent_fingerprint")
+WORKER_ENDINGS = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.ROLLED_BACK, JobStatus.STALE})
+
+
+# --- the operator's side -----------------------------------------------------------------------
+
+def propose(user, body: object, *, request_id: str | None = None, client: EngineClient | None = None) -> Job:
+    """Plan `{"kind", "target"[, "incumbent_fingerprint"]}` on the engine and store it as a proposed job.
+
+    The engine prices it against its current layout; an infeasible plan is refused with the engine's reasons
+    and stores nothing. An `incumbent_fingerprint` in the body is the layout the operator looked at: if the
+    engine has moved on since, the proposal is refused rather than priced against a layout nobody saw.
+    """
+    _require(user, OPERATOR, "proposing a job")
+    kind, target, seen = _parse_body(body)
+    plan, plan_hash = _plan(kind, target, seen, client)
+    with transaction.atomic():
+        job = Job.objects.create(
+            kind=kind, target=plan["target"], plan=plan, plan_hash=plan_hash, prediction=plan["predicted"],
+            proposer=user, proposer_name=user.get_username(), status=JobStatus.PROPOSED)
+        record(actor=user, action="job.proposed", subject=_subject(job), request_id=request_id,
+               payload={"kind": kind, "target": job.target, "plan_hash": plan_hash,
+                        "incumbent_fingerprint": job.incumbent_fingerprint,
+                        "predicted_pool_tokens": job.prediction.get("pool_tokens")},
+               after={"status": JobStatus.PROPOSED})
+        _publish_on_commit(job)
+    return job
+
+
+def revise(user, job: Job | int, body: object | None = None, *, request_id: str | None = None,
+           client: EngineClient | None = None) -> Job:
+    """Plan a proposed job again (against the engine's current layout, optionally with a new target).
+
+    A plan that hashes differently replaces the old one and dismisses every approval given so far: they were
+    given for another plan (rule 2). A plan that hashes the same changes nothing.
+    """
+    _require(user, OPERATOR, "revising a job")
+    job = _get(job)
+    if job.proposer_id != user.pk:
+        raise NotAllowed(f"only the proposer ({job.proposer_name}) may revise job {job.pk}")
+    if job.status != JobStatus.PROPOSED:
+        raise Conflict(f"job {job.pk} is {job.status}: only a proposed job can be revised")
+    kind, target, seen = _parse_body(body if body is not None else {"kind": job.kind, "target": job.target})
+    if kind != job.kind:
+        raise InvalidProposal(f"kind: job {job.pk} is a {job.kind} job; propose a new job for a {kind}", "kind")
+    plan, plan_hash = _plan(kind, target, seen, client)
+    if plan_hash == job.plan_hash:
+        return job
+    with transaction.atomic():
+        changed = Job.objects.filter(pk=job.pk, status=JobStatus.PROPOSED, plan_hash=job.plan_hash).update(
+            target=plan["target"], plan=plan, plan_hash=plan_hash, prediction=plan["predicted"],
+            updated=timezone.now())
+        if changed != 1:
+            raise Conflict(f"job {job.pk} changed while it was being revised; look at it again")
+        dismissed = job.approvals.filter(plan_hash=job.plan_hash).count()
+        revised = Job.objects.get(pk=job.pk)
+        record(actor=user, action="job.revised", subject=_subject(job), request_id=request_id,
+               payload={"target": revised.target, "dismissed_approvals": dismissed,
+                        "incumbent_fingerprint": revised.incumbent_fingerprint,
+                        "predicted_pool_tokens": revised.prediction.get("pool_tokens")},
+               before={"plan_hash": job.plan_hash}, after={"plan_hash": plan_hash})
+        _publish_on_commit(revised)
+    return revised
+
+
+def cancel(user, job: Job | int, *, request_id: str | None = None) -> Job:
+    """The proposer withdraws a job the worker has not picked up (proposed, approved or queued)."""
+    _require(user, OPERATOR, "cancelling a job")
+    job = _get(job)
+    if job.proposer_id != user.pk:
+        raise NotAllowed(f"only the proposer ({job.proposer_name}) may cancel job {job.pk}")
+    if job.status not in CANCELLABLE:
+        raise Conflict(f"job {job.pk} is {job.status}: only a job that has not started can be cancelled")
+    return _transition(job.pk, job.status, JobStatus.CANCELLED, actor=user, request_id=request_id)
+
+
+# --- the reviewer's side -----------------------------------------------------------------------
+
+def required_approvals() -> int:
+    return max(1, int(settings.SEAM_REQUIRED_APPROVALS))
+
+
+def approvals_counting(job: Job, now=None) -> int:
+    """Distinct reviewers whose approval is for this job's current plan and has not expired (rules 1-3)."""
+    return (Approval.objects.counting(job.plan_hash, now).filter(job=job).exclude(reviewer=None)
+            .exclude(reviewer_id=job.proposer_id).values("reviewer_id").distinct().count())
+
+
+def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: str | None = None) -> Job:
+    """Record `user`'s approval of the plan they saw (`plan_hash`, default: the job's current one).
+
+    When the unexpired approvals of the current plan reach SEAM_REQUIRED_APPROVALS, the job moves
+    proposed -> approved -> queued and is handed to the worker once the transaction commits.
+    """
+    _require(user, REVIEWER, "approving a job")
+    job_id = _job_id(job)
+    now = timezone.now()
+    with transaction.atomic():
+        # Write to the job's row first: it locks the row (PostgreSQL) or the database (SQLite) until commit,
+        # so approvals of one job are counted one after another and the count that queues it is exact.
+        if Job.objects.filter(pk=job_id, status=JobStatus.PROPOSED).update(updated=now) != 1:
+            raise _lost(job_id, JobStatus.PROPOSED, "approve it")
+        job = Job.objects.get(pk=job_id)
+        if job.proposer_id == user.pk:
+            raise NotAllowed(f"{user.get_username()} proposed job {job.pk} and cannot approve it: "
+                             "approval needs another reviewer")
+        if plan_hash is not None and plan_hash != job.plan_hash:
+            raise Conflict(f"the plan of job {job.pk} changed since you saw it (you saw {plan_hash[:16]}, it is now "
+                           f"{job.plan_hash[:16]}): review the new plan")
+        if Approval.objects.counting(job.plan_hash, now).filter(job=job, reviewer=user).exists():
+            raise Conflict(f"{user.get_username()} has already approved this plan of job {job.pk}")
+        ttl_s = max(1, int(settings.SEAM_APPROVAL_TTL_S))
+        approval = Approval.objects.create(job=job, reviewer=user, reviewer_name=user.get_username(),
+                                           plan_hash=job.plan_hash, created=now,
+                                           expires_at=now + timedelta(seconds=ttl_s))
+        count, required = approvals_counting(job, now), required_approvals()
+        record(actor=user, action="job.approval", subject=_subject(job), request_id=request_id,
+               payload={"plan_hash": job.plan_hash, "approval": approval.pk, "counting": count,
+                        "required": required, "expires_at": approval.expires_at.isoformat()})
+        if count < required:
+            _publish_on_commit(job)
+            return job
+        reviewers = sorted(Approval.objects.counting(job.plan_hash, now).filter(job=job)
+                           .values_list("reviewer_name", flat=True).distinct())
+        gate = {"plan_hash": job.plan_hash, "approvals": count, "required": required, "reviewers": reviewers}
+        _transition(job.pk, JobStatus.PROPOSED, JobStatus.APPROVED, actor=user, request_id=request_id, payload=gate)
+        carried = _carried_request_id(request_id)
+        job = _transition(job.pk, JobStatus.APPROVED, JobStatus.QUEUED, actor=user, request_id=request_id,
+                          payload={"plan_hash": job.plan_hash}, queued_at=now, request_id_field=carried)
+        transaction.on_commit(partial(hand_off, job.pk, carried), robust=True)
+    return job
+
+
+def reject(user, job: Job | int, *, reason: str = "", request_id: str | None = None) -> Job:
+    """A reviewer refuses a proposed job; it ends `rejected` and never reaches the engine."""
+    _require(user, REVIEWER, "rejecting a job")
+    reason = str(reason or "").strip()[:2000]
+    error = f"rejected by {user.get_username()}" + (f": {reason}" if reason else "")
+    return _transition(_job_id(job), JobStatus.PROPOSED, JobStatus.REJECTED, actor=user, request_id=request_id,
+                       payload={"reason": reason}, error=error, finished_at=timezone.now())
+
+
+# --- the worker's side -------------------------------------------------------------------------
+
+def start(job: Job | int, *, worker: str = "", task_id: str = "") -> Job:
+    """Claim a queued job for this worker (queued -> running); Conflict if another delivery got it first."""
+    now = timezone.now()
+    return _transition(_job_id(job), JobStatus.QUEUED, JobStatus.RUNNING, actor=None,
+                       payload={"worker": worker, "task_id": task_id}, started_at=now, worker=worker[:255],
+                       task_id=task_id[:255], phase="", progress=0.0, error="")
+
+
+def record_operation(job: Job | int, operation_id: str) -> Job:
+    """The engine accepted the plan as `operation_id`; recorded at once so the reconciler can find it."""
+    job_id = _job_id(job)
+    with transaction.atomic():
+        changed = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING, engine_operation_id="").update(
+            engine_operation_id=operation_id[:128], updated=timezone.now())
+        if changed != 1:
+            raise _lost(job_id, JobStatus.RUNNING, f"record operation {operation_id}")
+        job = Job.objects.get(pk=job_id)
+        record(actor=None, action="job.applied", subject=_subject(job),
+               payload={"operation_id": operation_id, "plan_hash": job.plan_hash})
+        _publish_on_commit(job)
+    return job
+
+
+def report_progress(job: Job | int, *, phase: str, progress: float) -> bool:
+    """Store the operation's phase and progress on a running job (also the worker's heartbeat); no audit event."""
+    job_id = _job_id(job)
+    with transaction.atomic():
+        changed = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).update(
+            phase=str(phase or "")[:32], progress=float(progress or 0.0), updated=timezone.now())
+        if changed:
+            transaction.on_commit(partial(_publish_id, job_id), robust=True)
+    return bool(changed)
+
+
+def finish(job: Job | int, status: str, *, error: str = "", operation: dict | None = None,
+           reconciled: bool = False) -> Job:
+    """End a running job: succeeded | failed | rolled_back | stale, with the engine's operation record if any."""
+    if status not in WORKER_ENDINGS:
+        raise ValueError(f"a worker ends a job succeeded, failed, rolled_back or stale, not {status!r}")
+    job_id = _job_id(job)
+    measured = operation.get("measured") if operation else None
+    fields = {"error": (error or "")[:10000], "finished_at": timezone.now(), "operation": operation,
+              "measured": measured}
+    if operation:
+        fields["phase"] = str(operation.get("phase") or "")[:32]
+        fields["progress"] = float(operation.get("progress") or 0.0)
+    payload = {"error": fields["error"], "reconciled": reconciled, "operation_id": None,
+               "measured_pool_tokens": _pool(measured)}
+    if operation:
+        payload.update(operation_id=operation.get("id"), engine_status=operation.get("status"),
+                       engine_predicted_pool_tokens=_pool(operation.get("predicted")),
+                       previous_pool_tokens=_pool(operation.get("previous")))
+    return _transition(job_id, JobStatus.RUNNING, status, actor=None, payload=payload, **fields)
+
+
+def hand_off(job_id: int, request_id: str | None = None) -> None:
+    """Send a queued job to the worker. Runs on commit, so the worker never reads an uncommitted row; if the
+    broker is down the job stays queued and the reconciler sends it again."""
+    from console.jobs.tasks import run_job
+
+    try:
+        run_job.apply_async(args=(job_id,), kwargs={"request_id": request_id})
+    except Exception:
+        log.exception("could not hand job %s to the worker; the reconciler will send it again", job_id)
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+def _transition(job_id: int, expected: str, to: str, *, actor, request_id: str | None = None,
+                payload: dict | None = None, request_id_field: str | None = None, **fields) -> Job:
+    """Compare-and-set `expected` -> `to`, record the audit event, publish on commit; Conflict if it lost."""
+    if not can_move(expected, to):
+        raise Conflict(f"a job cannot move from {expected} to {to}")
+    if request_id_field is not None:
+        fields["request_id"] = request_id_field
+    with transaction.atomic():
+        moved = Job.objects.filter(pk=job_id, status=expected).update(status=to, updated=timezone.now(), **fields)
+        if moved != 1:
+            raise _lost(job_id, expected, f"move it to {to}")
+        job = Job.objects.get(pk=job_id)
+        record(actor=actor, action=f"job.{to}", subject=_subject(job), request_id=request_id,
+               payload={"plan_hash": job.plan_hash, **(payload or {})},
+               before={"status": expected}, after={"status": to})
+        _publish_on_commit(job)
+    return job
+
+
+def _lost(job_id: int, expected: str, doing: str) -> JobError:
+    current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+    if current is None:
+        return JobNotFound(f"no job {job_id}")
+    finished = " and has finished" if current in TERMINAL else ""
+    return Conflict(f"job {job_id} is {current}{finished}, not {expected}: cannot {doing}")
+
+
+def _publish_on_commit(job: Job) -> None:
+    transaction.on_commit(partial(_publish_id, job.pk), robust=True)
+
+
+def _publish_id(job_id: int) -> None:
+    job = Job.objects.filter(pk=job_id).first()  # the committed state, not the one this code last saw
+    if job is not None:
+        publish_job_update(job)
+
+
+def _require(user, role: str, doing: str) -> None:
+    if not has_role(user, role):
+        name = user.get_username() if getattr(user, "is_authenticated", False) else "an anonymous user"
+        raise NotAllowed(f"{doing} needs the {role} role, which {name} does not have")
+
+
+def _job_id(job: Job | int) -> int:
+    if isinstance(job, Job):
+        return job.pk
+    if isinstance(job, bool) or not isinstance(job, int | str):
+        raise JobNotFound(f"no job {job!r:.40}")
+    try:
+        return int(job)
+    except ValueError:
+        raise JobNotFound(f"no job {job!r:.40}") from None
+
+
+def _get(job: Job | int) -> Job:
+    found = Job.objects.filter(pk=_job_id(job)).first()
+    if found is None:
+        raise JobNotFound(f"no job {job!r:.40}")
+    return found
+
+
+def _subject(job: Job) -> str:
+    return f"job:{job.pk}"
+
+
+def _pool(figures: object) -> int | None:
+    return figures.get("pool_tokens") if isinstance(figures, dict) else None
+
+
+def _carried_request_id(request_id: str | None) -> str:
+    """The id the worker's events will carry: the request that queued the job, else a fresh one."""
+    for candidate in (request_id, current_request_id()):
+        if is_sane_request_id(candidate):
+            return candidate
+    return str(uuid.uuid4())
+
+
+def _parse_body(body: object) -> tuple[str, dict, str | None]:
+    if not isinstance(body, dict):
+        raise InvalidProposal(f"body: expected a JSON object with kind and target, got {type(body).__name__}")
+    unknown = sorted(str(key) for key in body if key not in BODY_FIELDS)
+    if unknown:
+        raise InvalidProposal(f"body: unknown field(s) {', '.join(unknown)[:200]}; allowed: kind, target, "
+                              "incumbent_fingerprint", unknown[0][:64])
+    missing = [key for key in ("kind", "target") if key not in body]
+    if missing:
+        raise InvalidProposal(f"body: missing field(s) {', '.join(missing)}", missing[0])
+    kind, target, seen = body["kind"], body["target"], body.get("incumbent_fingerprint")
+    if kind not in JobKind.values:
+        raise InvalidProposal(f"kind: {str(kind)[:40]!r} is not a plan kind; use one of: "
+                              f"{', '.join(JobKind.values)}", "kind")
+    if not isinstance(target, dict):
+        raise InvalidProposal(f"target: expected an object, got {type(target).__name__}", "target")
+    if seen is not None and not isinstance(seen, str):
+        raise InvalidProposal(f"incumbent_fingerprint: expected a string, got {type(seen).__name__}",
+                              "incumbent_fingerprint")
+    return kind, target, seen
+
+
+@contextmanager
+def _engine(client: EngineClient | None, doing: str) -> Iterator[EngineClient]:
+    """The given client or a fresh one; engine failures become the job errors callers map to HTTP."""
+    own = client is None
+    engine = client or EngineClient()
+    try:
+        yield engine
+    except EngineUnreachable as error:
+        raise EngineUnavailable(f"cannot {doing}: {error}") from error
+    except EngineRefused as error:
+        if 400 <= error.status < 500:
+            raise InvalidProposal(error.message, _field_of(error.message)) from error
+        raise EngineUnavailable(f"cannot {doing}: {error}") from error
+    except EngineError as error:
+        raise EngineUnavailable(f"cannot {doing}: {error}") from error
+    finally:
+        if own:
+            engine.close()
+
+
+def _field_of(message: str) -> str | None:
+    """The engine names the field first ("target.cut[1]: ..."); keep it when it looks like one."""
+    head = message.split(":", 1)[0]
+    return head if head and len(head) <= 64 and " " not in head else None
+
+
+def _plan(kind: str, target: dict, seen: str | None, client: EngineClient | None) -> tuple[dict, str]:
+    with _engine(client, "plan") as engine:
+        current = engine.state()["fingerprint"]
+        if seen is not None and seen != current:
+            raise Conflict(f"incumbent_fingerprint: the engine now runs layout {current}, not {seen[:40]}: "
+                           "look at the current layout and plan again")
+        reply = engine.plan(kind, target, current)
+    plan, plan_hash = reply.get("plan"), reply.get("plan_hash")
+    try:
+        verify_plan(plan, plan_hash)
+    except SolverError as error:
+        raise EngineUnavailable(f"the engine's plan does not match its plan_hash: {error}") from error
+    if plan.get("kind") != kind or plan.get("incumbent_fingerprint") != current:
+        raise EngineUnavailable("the engine answered with a plan for another request "
+                                f"({plan.get('kind')!r:.20} for {plan.get('incumbent_fingerprint')!r:.40})")
+    if not reply.get("feasible") or not plan.get("predicted", {}).get("feasible", False):
+        raise PlanInfeasible([str(reason) for reason in reply.get("reasons") or plan["predicted"].get("reasons", [])])
+    return plan, plan_hash

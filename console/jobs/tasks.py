@@ -1,0 +1,23 @@
+"""Celery tasks: run one job, settle what dead workers left behind. The logic is in console.jobs.worker."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from console.audit.request_id import bind_request_id, is_sane_request_id
+from console.jobs import worker
+
+__all__ = ["reconcile_jobs", "run_job"]
+
+
+@shared_task(name="console.jobs.tasks.run_job", bind=True, ignore_result=True, acks_late=True)
+def run_job(self, job_id: int, request_id: str | None = None) -> str:
+    """Idempotent, keyed by job id: a second delivery of a running or finished job does nothing."""
+    # Audit events the worker records carry the id of the request that queued the job.
+    with bind_request_id(request_id if is_sane_request_id(request_id) else None):
+        return worker.execute(int(job_id), worker=self.request.hostname or "", task_id=self.request.id or "")
+
+
+@shared_task(name="console.jobs.tasks.reconcile_jobs", ignore_result=True)
+def reconcile_jobs(older_than_s: float | None = None) -> list[list]:
+    return [[job_id, outcome] for job_id, outcome in worker.reconcile(older_than_s=older_than_s)]

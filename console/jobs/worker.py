@@ -1,0 +1,228 @@
+"""What a Celery worker does with a job, and how jobs a dead worker left behind are settled.
+
+`execute(job_id)` is idempotent, keyed by the job: it claims the job queued -> running (compare-and-set), so
+a second delivery of a running or finished job finds nothing to claim and does nothing. Then:
+
+1. the stored plan must still hash to the reviewed plan_hash, and an approval must be bound to that hash;
+2. the engine's fingerprint is read again: another layout than the reviewed plan's incumbent ends the job
+   `stale` without touching the engine (rule 4);
+3. POST /control/apply; the operation id is recorded at once, so the reconciler can always find it;
+4. the operation is polled, its phase and progress stored on the job (and published), until it ends
+   succeeded, failed or rolled_back, with the engine's predicted, measured and previous figures recorded.
+
+An engine that cannot be reached before the plan is sent fails the job with that reason: nothing was applied
+and nothing is retried. Once the engine holds an operation, losing contact leaves the job `running` for
+`reconcile()`, which settles it from the engine's own operation record rather than guessing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from console.jobs import services
+from console.jobs.choices import JobStatus
+from console.jobs.engine_client import OPERATION_DONE, EngineClient, EngineError, EngineRefused, EngineUnreachable
+from console.jobs.errors import JobError
+from console.jobs.models import Approval, Job
+from solvers.errors import SolverError
+from solvers.plans import verify_plan
+
+__all__ = ["execute", "reconcile"]
+
+log = logging.getLogger("seam.jobs")
+
+POLL_S = 0.1
+HEARTBEAT_S = 5.0  # a running job's `updated` moves at least this often while its worker is alive
+LOST_CONTACT_S = 30.0  # how long polling tolerates an unreachable engine before leaving it to the reconciler
+BUSY_WAIT_S = 30.0  # how long to wait for the engine to finish another operation before giving up
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+@contextmanager
+def _client(client: EngineClient | None) -> Iterator[EngineClient]:
+    if client is not None:
+        yield client
+        return
+    with EngineClient() as own:
+        yield own
+
+
+# --- running one job ---------------------------------------------------------------------------
+
+def execute(job_id: int, *, worker: str = "", task_id: str = "", client: EngineClient | None = None) -> str:
+    """Run job `job_id` if it is queued; returns the status it is left in."""
+    try:
+        job = services.start(job_id, worker=worker, task_id=task_id)
+    except JobError as error:  # already claimed, finished, cancelled or gone: this delivery has nothing to do
+        log.info("job %s not started: %s", job_id, error)
+        return Job.objects.filter(pk=job_id).values_list("status", flat=True).first() or "missing"
+    with _client(client) as engine:
+        try:
+            return _run(job, engine)
+        except Exception as error:
+            log.exception("job %s: unexpected failure", job.pk)
+            job.refresh_from_db()
+            if job.status == JobStatus.RUNNING and not job.engine_operation_id:
+                return _end(job, JobStatus.FAILED, f"the worker failed before the plan was sent "
+                                                   f"({type(error).__name__}: {error}); nothing was applied")
+            return job.status  # the engine holds an operation: the reconciler settles it from the engine's record
+
+
+def _run(job: Job, engine: EngineClient) -> str:
+    refusal = _reviewed_plan_refusal(job)
+    if refusal:
+        return _end(job, JobStatus.FAILED, refusal)
+    try:
+        state = engine.state()
+    except EngineError as error:
+        return _end(job, JobStatus.FAILED, f"{error}; nothing was applied")
+    if state["fingerprint"] != job.incumbent_fingerprint:
+        return _end(job, JobStatus.STALE, _stale(state["fingerprint"], job))
+    operation_id, ending = _apply(job, engine)
+    if ending is not None:
+        return ending
+    services.record_operation(job, operation_id)
+    return _follow(job, engine, operation_id)
+
+
+def _reviewed_plan_refusal(job: Job) -> str | None:
+    """Apply exactly what was reviewed: the stored plan must hash to its plan_hash, and be the approved one."""
+    try:
+        verify_plan(job.plan, job.plan_hash)
+    except SolverError as error:
+        return f"the stored plan is not the reviewed one ({error}); nothing was applied"
+    if not Approval.objects.filter(job=job, plan_hash=job.plan_hash).exists():
+        return f"no approval is bound to plan {job.plan_hash[:16]}; nothing was applied"
+    return None
+
+
+def _stale(fingerprint: str, job: Job) -> str:
+    return (f"the engine now runs layout {fingerprint}, but the plan was reviewed for {job.incumbent_fingerprint}: "
+            "nothing was applied; propose again")
+
+
+def _apply(job: Job, engine: EngineClient) -> tuple[str, str | None]:
+    """POST /control/apply, waiting out a busy engine for a while; returns (operation id, None) or ("", ending)."""
+    deadline = time.monotonic() + _setting("SEAM_JOB_BUSY_WAIT_S", BUSY_WAIT_S)
+    while True:
+        try:
+            return engine.apply(job.plan, job.plan_hash), None
+        except EngineUnreachable as error:
+            if error.sent:
+                return "", _end(job, JobStatus.FAILED, f"{error}; the engine may have received the plan: check its "
+                                                       "/control/state before proposing again")
+            return "", _end(job, JobStatus.FAILED, f"{error}; nothing was applied")
+        except EngineRefused as error:
+            if error.status != 409:
+                what = "as infeasible" if error.status == 422 else f"({error.status})"
+                return "", _end(job, JobStatus.FAILED, f"the engine refused the plan {what}: {error.message}")
+            try:  # 409: stale (the layout moved since the check above) or busy with another operation
+                fingerprint = engine.state()["fingerprint"]
+            except EngineError as lost:
+                return "", _end(job, JobStatus.FAILED, f"{lost}; nothing was applied")
+            if fingerprint != job.incumbent_fingerprint:
+                return "", _end(job, JobStatus.STALE, _stale(fingerprint, job))
+            if time.monotonic() >= deadline:
+                return "", _end(job, JobStatus.FAILED, f"the engine stayed busy: {error.message}")
+            services.report_progress(job, phase="waiting", progress=0.0)
+            time.sleep(0.5)
+        except EngineError as error:
+            return "", _end(job, JobStatus.FAILED, f"{error}; the engine may have received the plan: check its "
+                                                   "/control/state before proposing again")
+
+
+def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
+    """Poll the operation to its end, storing progress; give it to the reconciler if the engine goes away."""
+    poll_s = _setting("SEAM_JOB_POLL_S", POLL_S)
+    give_up_at = time.monotonic() + _setting("SEAM_JOB_TIMEOUT_S", 900.0)
+    shown, beat, lost_since = None, time.monotonic(), None
+    while True:
+        try:
+            operation = engine.operation(operation_id)
+        except EngineUnreachable as error:
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > _setting("SEAM_JOB_LOST_CONTACT_S", LOST_CONTACT_S):
+                log.warning("job %s: %s; left running for the reconciler", job.pk, error)
+                return JobStatus.RUNNING
+            time.sleep(poll_s)
+            continue
+        except EngineRefused as error:
+            if error.status == 404:
+                return _end(job, JobStatus.FAILED, f"the engine has no record of operation {operation_id} (did it "
+                                                   "restart?); check its /control/state")
+            raise
+        lost_since = None
+        if operation["status"] in OPERATION_DONE:
+            return _end(job, operation["status"], operation.get("error") or "", operation)
+        now = time.monotonic()
+        if (operation["phase"], operation["progress"]) != shown or now - beat >= HEARTBEAT_S:
+            services.report_progress(job, phase=operation["phase"], progress=operation["progress"])
+            shown, beat = (operation["phase"], operation["progress"]), now
+        if now >= give_up_at:
+            log.warning("job %s: operation %s still %s; left running for the reconciler", job.pk, operation_id,
+                        operation["status"])
+            return JobStatus.RUNNING
+        time.sleep(poll_s)
+
+
+def _end(job: Job, status: str, error: str, operation: dict | None = None, reconciled: bool = False) -> str:
+    try:
+        return services.finish(job, status, error=error, operation=operation, reconciled=reconciled).status
+    except JobError as lost:  # the reconciler (or another worker) settled it first
+        log.info("job %s: not ended %s: %s", job.pk, status, lost)
+        return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first() or "missing"
+
+
+# --- settling jobs a worker left behind ---------------------------------------------------------
+
+def reconcile(*, older_than_s: float | None = None, client: EngineClient | None = None) -> list[tuple[int, str]]:
+    """Settle jobs left `running` by a worker that is gone, and send again jobs left `queued`.
+
+    A running job whose `updated` (the worker's heartbeat) is older than `older_than_s` is settled from the
+    engine's operation record: ended as the engine says if the operation ended, kept running (heartbeat
+    renewed) while the engine still works on it, failed if the engine never got it (no operation id) or has
+    no record of it. While the engine cannot be reached, nothing is decided. Returns (job id, outcome) pairs.
+    """
+    if older_than_s is None:
+        older_than_s = _setting("SEAM_JOB_RECONCILE_AFTER_S", 120.0)
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    outcomes = []
+    with _client(client) as engine:
+        for job in Job.objects.filter(status=JobStatus.RUNNING, updated__lt=cutoff).order_by("pk"):
+            outcomes.append((job.pk, _settle(job, engine)))
+    for job in Job.objects.filter(status=JobStatus.QUEUED, updated__lt=cutoff).order_by("pk"):
+        # Only one reconciler sends it again: the one whose compare-and-set on `updated` wins.
+        if Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED, updated=job.updated).update(
+                updated=timezone.now()):
+            services.hand_off(job.pk, job.request_id or None)
+            outcomes.append((job.pk, "sent to the worker again"))
+    return outcomes
+
+
+def _settle(job: Job, engine: EngineClient) -> str:
+    if not job.engine_operation_id:
+        return _end(job, JobStatus.FAILED, "the worker stopped before the engine was given the plan (no operation "
+                                           "id was recorded); the engine was not asked to change", reconciled=True)
+    try:
+        operation = engine.operation(job.engine_operation_id)
+    except EngineRefused as error:
+        if error.status == 404:
+            return _end(job, JobStatus.FAILED, f"the engine has no record of operation {job.engine_operation_id} "
+                                               "(did it restart?); check its /control/state", reconciled=True)
+        return f"left running: {error}"
+    except EngineError as error:
+        return f"left running: {error}"
+    if operation["status"] in OPERATION_DONE:
+        return _end(job, operation["status"], operation.get("error") or "", operation, reconciled=True)
+    services.report_progress(job, phase=operation["phase"], progress=operation["progress"])
+    return f"still {operation['status']} on the engine"
