@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 
@@ -31,29 +29,19 @@ from django.utils import timezone
 
 from console.audit.request_id import current_request_id, is_sane_request_id
 from console.audit.services import record
-from console.jobs.choices import CANCELLABLE, TERMINAL, JobKind, JobStatus, can_move
-from console.jobs.engine_client import EngineClient, EngineError, EngineRefused, EngineUnreachable
-from console.jobs.errors import (
-    Conflict,
-    EngineUnavailable,
-    InvalidProposal,
-    JobError,
-    JobNotFound,
-    NotAllowed,
-    PlanInfeasible,
-)
+from console.jobs import planning
+from console.jobs.choices import CANCELLABLE, TERMINAL, JobStatus, can_move
+from console.jobs.engine_client import EngineClient
+from console.jobs.errors import Conflict, InvalidProposal, JobError, JobNotFound, NotAllowed
 from console.jobs.events import publish_job_update
 from console.jobs.models import Approval, Job
 from console.jobs.roles import OPERATOR, REVIEWER, has_role
-from solvers.errors import SolverError
-from solvers.plans import verify_plan
 
 __all__ = ["approve", "approvals_counting", "cancel", "finish", "propose", "record_operation", "reject",
            "report_progress", "required_approvals", "revise", "start"]
 
 log = logging.getLogger("seam.jobs")
 
-BODY_FIELDS = ("kind", "target", "incumbent_fingerprint")
 WORKER_ENDINGS = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.ROLLED_BACK, JobStatus.STALE})
 
 
@@ -67,8 +55,8 @@ def propose(user, body: object, *, request_id: str | None = None, client: Engine
     engine has moved on since, the proposal is refused rather than priced against a layout nobody saw.
     """
     _require(user, OPERATOR, "proposing a job")
-    kind, target, seen = _parse_body(body)
-    plan, plan_hash = _plan(kind, target, seen, client)
+    kind, target, seen = planning.parse_body(body)
+    plan, plan_hash = planning.plan(kind, target, seen, client)
     with transaction.atomic():
         job = Job.objects.create(
             kind=kind, target=plan["target"], plan=plan, plan_hash=plan_hash, prediction=plan["predicted"],
@@ -95,10 +83,10 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
         raise NotAllowed(f"only the proposer ({job.proposer_name}) may revise job {job.pk}")
     if job.status != JobStatus.PROPOSED:
         raise Conflict(f"job {job.pk} is {job.status}: only a proposed job can be revised")
-    kind, target, seen = _parse_body(body if body is not None else {"kind": job.kind, "target": job.target})
+    kind, target, seen = planning.parse_body(body if body is not None else {"kind": job.kind, "target": job.target})
     if kind != job.kind:
         raise InvalidProposal(f"kind: job {job.pk} is a {job.kind} job; propose a new job for a {kind}", "kind")
-    plan, plan_hash = _plan(kind, target, seen, client)
+    plan, plan_hash = planning.plan(kind, target, seen, client)
     if plan_hash == job.plan_hash:
         return job
     with transaction.atomic():
@@ -340,71 +328,3 @@ def _carried_request_id(request_id: str | None) -> str:
         if is_sane_request_id(candidate):
             return candidate
     return str(uuid.uuid4())
-
-
-def _parse_body(body: object) -> tuple[str, dict, str | None]:
-    if not isinstance(body, dict):
-        raise InvalidProposal(f"body: expected a JSON object with kind and target, got {type(body).__name__}")
-    unknown = sorted(str(key) for key in body if key not in BODY_FIELDS)
-    if unknown:
-        raise InvalidProposal(f"body: unknown field(s) {', '.join(unknown)[:200]}; allowed: kind, target, "
-                              "incumbent_fingerprint", unknown[0][:64])
-    missing = [key for key in ("kind", "target") if key not in body]
-    if missing:
-        raise InvalidProposal(f"body: missing field(s) {', '.join(missing)}", missing[0])
-    kind, target, seen = body["kind"], body["target"], body.get("incumbent_fingerprint")
-    if kind not in JobKind.values:
-        raise InvalidProposal(f"kind: {str(kind)[:40]!r} is not a plan kind; use one of: "
-                              f"{', '.join(JobKind.values)}", "kind")
-    if not isinstance(target, dict):
-        raise InvalidProposal(f"target: expected an object, got {type(target).__name__}", "target")
-    if seen is not None and not isinstance(seen, str):
-        raise InvalidProposal(f"incumbent_fingerprint: expected a string, got {type(seen).__name__}",
-                              "incumbent_fingerprint")
-    return kind, target, seen
-
-
-@contextmanager
-def _engine(client: EngineClient | None, doing: str) -> Iterator[EngineClient]:
-    """The given client or a fresh one; engine failures become the job errors callers map to HTTP."""
-    own = client is None
-    engine = client or EngineClient()
-    try:
-        yield engine
-    except EngineUnreachable as error:
-        raise EngineUnavailable(f"cannot {doing}: {error}") from error
-    except EngineRefused as error:
-        if 400 <= error.status < 500:
-            raise InvalidProposal(error.message, _field_of(error.message)) from error
-        raise EngineUnavailable(f"cannot {doing}: {error}") from error
-    except EngineError as error:
-        raise EngineUnavailable(f"cannot {doing}: {error}") from error
-    finally:
-        if own:
-            engine.close()
-
-
-def _field_of(message: str) -> str | None:
-    """The engine names the field first ("target.cut[1]: ..."); keep it when it looks like one."""
-    head = message.split(":", 1)[0]
-    return head if head and len(head) <= 64 and " " not in head else None
-
-
-def _plan(kind: str, target: dict, seen: str | None, client: EngineClient | None) -> tuple[dict, str]:
-    with _engine(client, "plan") as engine:
-        current = engine.state()["fingerprint"]
-        if seen is not None and seen != current:
-            raise Conflict(f"incumbent_fingerprint: the engine now runs layout {current}, not {seen[:40]}: "
-                           "look at the current layout and plan again")
-        reply = engine.plan(kind, target, current)
-    plan, plan_hash = reply.get("plan"), reply.get("plan_hash")
-    try:
-        verify_plan(plan, plan_hash)
-    except SolverError as error:
-        raise EngineUnavailable(f"the engine's plan does not match its plan_hash: {error}") from error
-    if plan.get("kind") != kind or plan.get("incumbent_fingerprint") != current:
-        raise EngineUnavailable("the engine answered with a plan for another request "
-                                f"({plan.get('kind')!r:.20} for {plan.get('incumbent_fingerprint')!r:.40})")
-    if not reply.get("feasible") or not plan.get("predicted", {}).get("feasible", False):
-        raise PlanInfeasible([str(reason) for reason in reply.get("reasons") or plan["predicted"].get("reasons", [])])
-    return plan, plan_hash

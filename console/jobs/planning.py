@@ -1,0 +1,89 @@
+"""Turning an operator's body into a priced plan: check the body, ask the engine, check what it answered.
+
+The engine prices the plan (one parser and one pricing for everyone, solvers.plans); the console checks the
+body's shape first (so a malformed one gets a message without a round trip), then that the plan the engine
+answered hashes to its plan_hash, is for this request and this layout, and is feasible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from console.jobs.choices import JobKind
+from console.jobs.engine_client import EngineClient, EngineError, EngineRefused, EngineUnreachable
+from console.jobs.errors import Conflict, EngineUnavailable, InvalidProposal, PlanInfeasible
+from solvers.errors import SolverError
+from solvers.plans import verify_plan
+
+__all__ = ["BODY_FIELDS", "parse_body", "plan"]
+
+BODY_FIELDS = ("kind", "target", "incumbent_fingerprint")
+
+
+def parse_body(body: object) -> tuple[str, dict, str | None]:
+    if not isinstance(body, dict):
+        raise InvalidProposal(f"body: expected a JSON object with kind and target, got {type(body).__name__}")
+    unknown = sorted(str(key) for key in body if key not in BODY_FIELDS)
+    if unknown:
+        raise InvalidProposal(f"body: unknown field(s) {', '.join(unknown)[:200]}; allowed: kind, target, "
+                              "incumbent_fingerprint", unknown[0][:64])
+    missing = [key for key in ("kind", "target") if key not in body]
+    if missing:
+        raise InvalidProposal(f"body: missing field(s) {', '.join(missing)}", missing[0])
+    kind, target, seen = body["kind"], body["target"], body.get("incumbent_fingerprint")
+    if kind not in JobKind.values:
+        raise InvalidProposal(f"kind: {str(kind)[:40]!r} is not a plan kind; use one of: "
+                              f"{', '.join(JobKind.values)}", "kind")
+    if not isinstance(target, dict):
+        raise InvalidProposal(f"target: expected an object, got {type(target).__name__}", "target")
+    if seen is not None and not isinstance(seen, str):
+        raise InvalidProposal(f"incumbent_fingerprint: expected a string, got {type(seen).__name__}",
+                              "incumbent_fingerprint")
+    return kind, target, seen
+
+
+@contextmanager
+def _engine(client: EngineClient | None, doing: str) -> Iterator[EngineClient]:
+    """The given client or a fresh one; engine failures become the job errors callers map to HTTP."""
+    own = client is None
+    engine = client or EngineClient()
+    try:
+        yield engine
+    except EngineUnreachable as error:
+        raise EngineUnavailable(f"cannot {doing}: {error}") from error
+    except EngineRefused as error:
+        if 400 <= error.status < 500:
+            raise InvalidProposal(error.message, _field_of(error.message)) from error
+        raise EngineUnavailable(f"cannot {doing}: {error}") from error
+    except EngineError as error:
+        raise EngineUnavailable(f"cannot {doing}: {error}") from error
+    finally:
+        if own:
+            engine.close()
+
+
+def _field_of(message: str) -> str | None:
+    """The engine names the field first ("target.cut[1]: ..."); keep it when it looks like one."""
+    head = message.split(":", 1)[0]
+    return head if head and len(head) <= 64 and " " not in head else None
+
+
+def plan(kind: str, target: dict, seen: str | None, client: EngineClient | None) -> tuple[dict, str]:
+    with _engine(client, "plan") as engine:
+        current = engine.state()["fingerprint"]
+        if seen is not None and seen != current:
+            raise Conflict(f"incumbent_fingerprint: the engine now runs layout {current}, not {seen[:40]}: "
+                           "look at the current layout and plan again")
+        reply = engine.plan(kind, target, current)
+    plan, plan_hash = reply.get("plan"), reply.get("plan_hash")
+    try:
+        verify_plan(plan, plan_hash)
+    except SolverError as error:
+        raise EngineUnavailable(f"the engine's plan does not match its plan_hash: {error}") from error
+    if plan.get("kind") != kind or plan.get("incumbent_fingerprint") != current:
+        raise EngineUnavailable("the engine answered with a plan for another request "
+                                f"({plan.get('kind')!r:.20} for {plan.get('incumbent_fingerprint')!r:.40})")
+    if not reply.get("feasible") or not plan.get("predicted", {}).get("feasible", False):
+        raise PlanInfeasible([str(reason) for reason in reply.get("reasons") or plan["predicted"].get("reasons", [])])
+    return plan, plan_hash
