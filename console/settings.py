@@ -82,6 +82,8 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True  # a worker killed mid-job leaves the message to be redelivered
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# The reconciler settles jobs a dead worker left running, from the engine's own operation record.
+CELERY_BEAT_SCHEDULE = {"seam-reconcile-jobs": {"task": "console.jobs.tasks.reconcile_jobs", "schedule": 60.0}}
 
 CHANNEL_LAYERS = {
     "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
