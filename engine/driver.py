@@ -25,13 +25,13 @@ from engine.config import ModelConfig
 from engine.driver_api import RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.host_image import HostImage
-from engine.llm import _eos_ids, _tokenizer
 from engine.rank import RankLayout, StepPlan, rank_main
 from engine.reconfig import Operations
 from engine.sampler import Sampler, SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.sequence import Sequence
 from engine.telemetry_snapshot import build_snapshot
+from engine.text import CheckpointText
 from solvers.capacity import CutPricer, PoolResult
 from solvers.ladder import Ladder, price_ladder, switch_cost_s
 from solvers.rig import Rig
@@ -72,8 +72,8 @@ class PipelineDriver:
         if self.rungs and self.cut not in self.rungs:
             raise EngineError(f"the serving cut {list(self.cut)} must be a rung of the ladder "
                               f"{[list(r) for r in self.rungs]}")
-        self.tokenizer = _tokenizer(self.checkpoint)
-        self.eos_ids = _eos_ids(self.checkpoint)
+        self.text = CheckpointText(self.checkpoint, self.config.vocab_size)
+        self.eos_ids = self.text.eos_ids
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.sampler = Sampler()
@@ -216,21 +216,15 @@ class PipelineDriver:
 
     # --- requests --------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise EngineRequestError(f"checkpoint {self.checkpoint} has no tokenizer.json: send token ids")
-        return self.tokenizer.encode(text).ids
+        return self.text.encode(text)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids) if self.tokenizer else ""
+        return self.text.decode(token_ids)
 
     def submit(self, prompt: list[int] | str, params: SamplingParams) -> RequestHandle:
         if self.phase == "broken":
             raise EngineRequestError("the engine could not restore a verified layout after a failure: restart it")
-        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise EngineRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, "
-                                     f"{self.config.vocab_size})")
+        ids = self.text.prompt_ids(prompt)
         with self.lock:
             seq = Sequence(next(self.ids), ids, params)
             self.scheduler.add(seq)  # refuses, naming why, a request that can never fit

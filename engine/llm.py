@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from engine.sampler import Sampler, SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.state_pool import StatePool
+from engine.text import CheckpointText
 from solvers.capacity import CutPricer, PoolResult
 from solvers.rig import Rig, load_rig
 from solvers.units import parse_size
@@ -44,6 +44,7 @@ class LLM:
                  device: str = "cpu", **shape_overrides: int | str):
         self.checkpoint = Path(checkpoint)
         self.config = ModelConfig.from_pretrained(self.checkpoint)
+        self.text = CheckpointText(self.checkpoint, self.config.vocab_size)
         self.rig = _single_rank(load_rig(rig) if isinstance(rig, str) else rig, memory)
         self.shape = replace(self.rig.shape, **shape_overrides)
         # The planner prices this exact layout; the pools below are allocated to its prediction.
@@ -63,9 +64,9 @@ class LLM:
         self.scheduler = Scheduler(
             self.blocks, self.slots, max_num_seqs=self.shape.max_num_seqs,
             max_num_batched_tokens=self.shape.max_num_batched_tokens, max_model_len=self.shape.max_model_len,
-            eos_token_ids=_eos_ids(self.checkpoint))
+            eos_token_ids=self.text.eos_ids)
         self.sampler = Sampler()
-        self.tokenizer = _tokenizer(self.checkpoint)
+        self.tokenizer = self.text.tokenizer
         self._next_id = 0
 
     # LayerCaches: the model reads its layers' caches straight from the pools.
@@ -77,11 +78,7 @@ class LLM:
 
     def submit(self, prompt: list[int] | str, params: SamplingParams) -> Sequence:
         """Queue one request; refused now (EngineRequestError) if its lifetime can never fit."""
-        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise EngineError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.config.vocab_size})")
-        seq = Sequence(self._next_id, ids, params)
+        seq = Sequence(self._next_id, self.text.prompt_ids(prompt), params)
         self.scheduler.add(seq)
         self._next_id += 1
         return seq
@@ -113,12 +110,10 @@ class LLM:
                            self.decode(s.output_ids) if self.tokenizer else None) for s in seqs]
 
     def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise EngineError(f"checkpoint {self.checkpoint} has no tokenizer.json: pass token ids instead of text")
-        return self.tokenizer.encode(text).ids
+        return self.text.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids) if self.tokenizer else ""
+        return self.text.decode(ids)
 
 
 def _single_rank(rig: Rig, memory: str | int | None) -> Rig:
@@ -129,24 +124,3 @@ def _single_rank(rig: Rig, memory: str | int | None) -> Rig:
         return rig
     return replace(rig, ranks=(replace(rig.ranks[0], memory_bytes=parse_size(memory, "memory")),))
 
-
-def _eos_ids(folder: Path) -> tuple[int, ...]:
-    for name in ("generation_config.json", "config.json"):
-        path = folder / name
-        if path.is_file():
-            eos = json.loads(path.read_text()).get("eos_token_id")
-            if eos is not None:
-                return tuple(eos) if isinstance(eos, list) else (int(eos),)
-    return ()
-
-
-def _tokenizer(folder: Path):
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as error:  # the tokenizers library raises a bare Exception for a corrupt file
-        raise EngineError(f"{path}: not a readable tokenizer ({error})") from error
