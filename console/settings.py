@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "channels",
     "console.audit",
     "console.jobs",
+    "console.api",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,49 @@
+"""One DRF exception handler for the API: every refusal is JSON with a `detail` that names the problem.
+
+Service errors (console.jobs.errors) answer their own status_code, with `field` / `reasons` when they have
+them; DRF's own errors keep DRF's answer; solver errors (bad frontier parameters) are 400; anything else is
+logged with its request id and answered as JSON, never as Django's HTML error page.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from console.audit.request_id import current_request_id
+from console.jobs.errors import JobError
+from solvers.errors import SolverError
+
+__all__ = ["ApiErrors", "exception_handler"]
+
+log = logging.getLogger("seam.api")
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, JobError):
+        data = {"detail": str(exc), "code": type(exc).__name__}
+        if getattr(exc, "field", None):
+            data["field"] = exc.field
+        if getattr(exc, "reasons", None):
+            data["reasons"] = list(exc.reasons)
+        return Response(data, status=exc.status_code)
+    if isinstance(exc, SolverError):
+        return Response({"detail": str(exc), "code": "SolverError"}, status=status.HTTP_400_BAD_REQUEST)
+    response = drf_exception_handler(exc, context)
+    if response is not None:
+        return response
+    request_id = current_request_id()
+    log.exception("unexpected error in the API (request %s)", request_id)
+    return Response({"detail": f"internal error ({type(exc).__name__}); quote request id {request_id}",
+                     "code": "InternalError", "request_id": request_id},
+                    status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+
+
+class ApiErrors:
+    """Mixin for the API's views: use this module's handler whatever REST_FRAMEWORK says."""
+
+    def get_exception_handler(self):
+        return exception_handler

@@ -1,0 +1,18 @@
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.routers import DefaultRouter
+
+from console.api import views
+
+router = DefaultRouter()
+router.register("jobs", views.JobViewSet, basename="job")
+router.register("audit", views.AuditViewSet, basename="audit")
+
+urlpatterns = [
+    path("v1/auth/token/", views.TokenView.as_view(), name="api-token"),
+    path("v1/frontier/", views.FrontierView.as_view(), name="api-frontier"),
+    path("v1/telemetry/latest/", views.TelemetryLatestView.as_view(), name="api-telemetry-latest"),
+    path("v1/", include(router.urls)),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", views.docs_page, name="api-docs"),
+]

@@ -1,0 +1,202 @@
+"""API views. Every state change goes through console.jobs.services; nothing here writes a job itself."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+from django.conf import settings
+from django.http import HttpResponse, StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.api.errors import ApiErrors
+from console.api.permissions import HasRole
+from console.api.serializers import (
+    ApproveSerializer,
+    AuditEventSerializer,
+    JobSerializer,
+    ProposeSerializer,
+    RejectSerializer,
+)
+from console.audit.models import AuditEvent
+from console.audit.services import export_jsonl, verify_chain
+from console.jobs import services
+from console.jobs.errors import JobNotFound
+from console.jobs.models import Job
+
+__all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "TelemetryLatestView", "TokenView", "docs_page"]
+
+DEFAULT_RIG, DEFAULT_MODEL = "cpu-demo", "demo-hybrid-16"
+
+
+class Pages(LimitOffsetPagination):
+    default_limit, max_limit = 100, 1000
+
+
+def _valid(serializer_class, data):
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class TokenView(ApiErrors, ObtainAuthToken):
+    """POST username + password -> {"token"} (DRF's token; send it as `Authorization: Token <token>`)."""
+
+
+class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    queryset = Job.objects.all()
+    serializer_class = JobSerializer
+    permission_classes = [IsAuthenticated, HasRole]
+    pagination_class = Pages
+
+    def get_object(self):
+        pk = self.kwargs["pk"]
+        job = Job.objects.filter(pk=pk).first() if str(pk).isdigit() else None
+        if job is None:
+            raise JobNotFound(f"no job {str(pk)[:40]}")
+        return job
+
+    def _answer(self, job, code=status.HTTP_200_OK):
+        return Response(JobSerializer(job).data, status=code)
+
+    @extend_schema(request=ProposeSerializer, responses={201: JobSerializer})
+    def create(self, request):
+        """Propose a job (operator): the engine prices the plan; the answer carries plan_hash and prediction."""
+        job = services.propose(request.user, request.data, request_id=request.request_id)
+        return self._answer(job, status.HTTP_201_CREATED)
+
+    @extend_schema(request=ApproveSerializer, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        """Approve the plan you saw (reviewer, not the proposer); the last approval needed queues the job."""
+        body = _valid(ApproveSerializer, request.data)
+        job = services.approve(request.user, self.get_object(), plan_hash=body.get("plan_hash"),
+                               request_id=request.request_id)
+        return self._answer(job)
+
+    @extend_schema(request=RejectSerializer, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        body = _valid(RejectSerializer, request.data)
+        job = services.reject(request.user, self.get_object(), reason=body.get("reason", ""),
+                              request_id=request.request_id)
+        return self._answer(job)
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return self._answer(services.cancel(request.user, self.get_object(), request_id=request.request_id))
+
+
+AUDIT_FILTERS = [OpenApiParameter(name, str, description=f"exact {name}") for name in ("action", "subject", "actor")]
+
+
+class AuditViewSet(ApiErrors, mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = AuditEventSerializer
+    permission_classes = [IsAuthenticated, HasRole]
+    pagination_class = Pages
+
+    def get_queryset(self):
+        events = AuditEvent.objects.order_by("-seq")
+        params = self.request.query_params
+        for param, field in (("action", "action"), ("subject", "subject"), ("actor", "actor_name")):
+            if params.get(param):
+                events = events.filter(**{field: params[param]})
+        return events
+
+    @extend_schema(parameters=AUDIT_FILTERS)
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses=inline_serializer("AuditVerify", {
+        "ok": serializers.BooleanField(), "checked": serializers.IntegerField(),
+        "first_broken": serializers.IntegerField(allow_null=True), "reason": serializers.CharField(allow_null=True)}))
+    @action(detail=False, methods=["get"])
+    def verify(self, request):
+        result = verify_chain()
+        return Response({"ok": result.ok, "checked": result.checked, "first_broken": result.first_broken,
+                         "reason": result.reason})
+
+    @extend_schema(parameters=AUDIT_FILTERS, responses={(200, "application/x-ndjson"): OpenApiTypes.STR})
+    @action(detail=False, methods=["get"])
+    def export(self, request):
+        """The (filtered) chain as canonical JSON lines, in seq order, re-verifiable without the database."""
+        response = StreamingHttpResponse(export_jsonl(self.get_queryset()), content_type="application/x-ndjson")
+        response["Content-Disposition"] = 'attachment; filename="seam-audit.jsonl"'
+        return response
+
+
+class FrontierView(ApiErrors, APIView):
+    """The cut frontier of SEAM_MODEL on SEAM_RIG (`python -m solvers frontier --json`)."""
+
+    permission_classes = [IsAuthenticated, HasRole]
+
+    @extend_schema(parameters=[OpenApiParameter("min_pool_ratio", float)], responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        from solvers.census import load_census
+        from solvers.frontier import compute_frontier
+        from solvers.rig import load_rig
+
+        raw = request.query_params.get("min_pool_ratio")
+        ratio = None
+        if raw not in (None, ""):
+            try:
+                ratio = float(raw)
+            except ValueError:
+                raise ValidationError(
+                    {"min_pool_ratio": f"expected a number >= 0, e.g. 0.9 (got {raw[:40]!r})"}) from None
+        model = load_census(getattr(settings, "SEAM_MODEL", DEFAULT_MODEL))
+        rig = load_rig(getattr(settings, "SEAM_RIG", DEFAULT_RIG))
+        return Response(compute_frontier(model, rig, min_pool_ratio=ratio).to_dict())
+
+
+class TelemetryLatestView(ApiErrors, APIView):
+    """The engine's newest telemetry snapshot, as it published it to Redis."""
+
+    permission_classes = [IsAuthenticated, HasRole]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        key = f"{settings.TELEMETRY_CHANNEL}:latest"
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            raw = client.get(key)
+        except redis.RedisError as error:
+            return Response({"detail": f"telemetry store unreachable: {error}", "code": "TelemetryUnavailable"},
+                            status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        finally:
+            client.close()
+        if raw is None:
+            raise NotFound(f"no telemetry snapshot yet: the engine has not published to {key}")
+        try:
+            return Response(json.loads(raw))
+        except ValueError:
+            return Response({"detail": f"the snapshot at {key} is not JSON", "code": "TelemetryUnreadable"},
+                            status=status.HTTP_502_BAD_GATEWAY)
+
+
+DOCS = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Seam console API</title></head>
+<body style="font-family: sans-serif; max-width: 50em; margin: 2em auto">
+<h1>Seam console API</h1>
+<p>The OpenAPI schema: <a href="{schema}">{schema}</a> (YAML) or <a href="{schema}?format=json">JSON</a>.
+Load it in any OpenAPI viewer; this page loads nothing from elsewhere.</p>
+<p>Authenticate with a session or a token: <code>POST /api/v1/auth/token/</code> with
+<code>username</code> and <code>password</code>, then send <code>Authorization: Token &lt;token&gt;</code>.</p>
+</body></html>
+"""
+
+
+def docs_page(request):
+    from django.urls import reverse
+
+    return HttpResponse(DOCS.format(schema=reverse("api-schema")), content_type="text/html; charset=utf-8")

@@ -1,0 +1,52 @@
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+pytestmark = pytest.mark.django_db
+
+PROTECTED_GETS = ["/api/v1/jobs/", "/api/v1/jobs/1/", "/api/v1/audit/", "/api/v1/audit/verify/",
+                  "/api/v1/audit/export/", "/api/v1/frontier/", "/api/v1/telemetry/latest/"]
+PROTECTED_POSTS = ["/api/v1/jobs/", "/api/v1/jobs/1/approve/", "/api/v1/jobs/1/reject/", "/api/v1/jobs/1/cancel/"]
+
+
+def test_token_for_username_and_password(client):
+    user = get_user_model().objects.create_user("tom", password="s3cret-pass")
+    response = client.post("/api/v1/auth/token/", {"username": "tom", "password": "s3cret-pass"})
+    assert response.status_code == 200
+    token = response.json()["token"]
+    assert user.auth_token.key == token
+
+
+def test_token_refused_for_a_wrong_password(client):
+    get_user_model().objects.create_user("tom", password="s3cret-pass")
+    response = client.post("/api/v1/auth/token/", {"username": "tom", "password": "nope"})
+    assert response.status_code == 400
+    assert "credentials" in str(response.json()).lower()
+
+
+def test_token_authenticates_requests(client, make_user):
+    user = make_user("viewer", name="tina")
+    user.set_password("pw-123456")
+    user.save()
+    token = client.post("/api/v1/auth/token/", {"username": "tina", "password": "pw-123456"}).json()["token"]
+    response = client.get("/api/v1/jobs/", HTTP_AUTHORIZATION=f"Token {token}")
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("url", PROTECTED_GETS)
+def test_anonymous_reads_are_refused(url):
+    response = APIClient().get(url)
+    assert response.status_code in (401, 403)
+    assert response.json()["detail"]
+
+
+@pytest.mark.parametrize("url", PROTECTED_POSTS)
+def test_anonymous_writes_are_refused(url):
+    response = APIClient().post(url, {}, format="json")
+    assert response.status_code in (401, 403)
+    assert response.json()["detail"]
+
+
+def test_a_user_without_a_role_cannot_read(get, make_user):
+    body = get("/api/v1/jobs/", user=make_user(), expect=403)
+    assert "role" in body["detail"]
