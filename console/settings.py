@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "console.audit",
     "console.jobs",
     "console.api",
+    "console.live",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,1 @@
+"""Live updates over a Channels websocket: the telemetry bridge and the `/ws/live/` consumer."""
