@@ -73,6 +73,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 ENGINE_URL = os.environ.get("SEAM_ENGINE_URL", "http://127.0.0.1:8100")
+# The model and rig the engine runs, for the planner's frontier page and API.
+SEAM_RIG = os.environ.get("SEAM_RIG", "cpu-demo")
+SEAM_MODEL = os.environ.get("SEAM_MODEL", "demo-hybrid-16")
 TELEMETRY_CHANNEL = os.environ.get("SEAM_TELEMETRY_CHANNEL", "seam:telemetry")
 
 # Review gate (ARCHITECTURE.md): how many reviewer approvals a job needs, and how long one stays valid.
