@@ -89,7 +89,15 @@ async def live_socket(headers):
     try:
         yield communicator
     finally:
+        await wake_receivers()
         await communicator.disconnect(timeout=TIMEOUT_S)
+
+
+async def wake_receivers() -> None:
+    """A consumer's pending channel-layer receive holds its shutdown for channels-redis' 5 s BZPOPMIN (the
+    cancel waits for it); one message on this process's channel key ends the wait at once."""
+    layer = get_channel_layer()
+    await layer.send(await layer.new_channel(), {"type": "test.wake"})
 
 
 async def request(communicator: WebsocketCommunicator, message: dict) -> dict:
@@ -105,8 +113,9 @@ async def subscribe(communicator: WebsocketCommunicator, *groups: str) -> None:
 async def close_layer() -> None:
     """Close this loop's channel-layer pools before the loop ends (no connection bound to a dead loop)."""
     layer = get_channel_layer()
-    if layer is not None:
-        await layer.close_pools()
+    if layer is None:
+        return
+    await layer.close_pools()
 
 
 def run(scenario) -> None:
