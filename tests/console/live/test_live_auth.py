@@ -3,7 +3,7 @@
 import pytest
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
-from conftest import TIMEOUT_S, live_socket, login_headers, request, run, subscribe
+from live_helpers import TIMEOUT_S, live_socket, login_headers, request, run, subscribe
 
 from console.asgi import application
 from console.live.consumers import CLOSE_UNAUTHENTICATED

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import TIMEOUT_S, BridgeThread, live_socket, login_headers, publish, run, subscribe
+from live_helpers import TIMEOUT_S, BridgeThread, live_socket, login_headers, publish, run, subscribe
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[3]

@@ -3,7 +3,7 @@
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from conftest import TIMEOUT_S, live_socket, login_headers, request, run, subscribe
+from live_helpers import TIMEOUT_S, live_socket, login_headers, request, run, subscribe
 
 from console.jobs.events import group_name
 

@@ -4,7 +4,7 @@ import pytest
 import redis.asyncio as aioredis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from conftest import TIMEOUT_S, live_socket, login_headers, publish, request, run, subscribe
+from live_helpers import TIMEOUT_S, live_socket, login_headers, publish, request, run, subscribe
 
 import engine.telemetry
 from console.live import bridge as live_bridge
