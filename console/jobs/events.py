@@ -10,8 +10,9 @@ never sees a state that rolled back. The message is
 channel layer that is down is logged, never raised into the job.
 
 Celery workers are synchronous: each send runs `async_to_sync` on a fresh event loop, and channels-redis
-keeps its connection pools per loop. The pools are closed before that loop ends, so no connection is left
-bound to a dead loop (the "Event loop is closed" errors a long-lived worker otherwise collects).
+keeps its connection pools per loop. Each send uses a layer of its own and closes that layer's pools before
+the loop ends, so no connection is left bound to a dead loop (the "Event loop is closed" errors a long-lived
+worker otherwise collects) and the shared layer that serves websockets in this process is never touched.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from __future__ import annotations
 import logging
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels import DEFAULT_CHANNEL_LAYER
+from channels.layers import channel_layers, get_channel_layer
 
 __all__ = ["group_name", "job_message", "publish_job_update"]
 
@@ -45,9 +47,10 @@ def job_message(job) -> dict:
 
 
 async def _send(group: str, message: dict) -> None:
-    layer = get_channel_layer()
-    if layer is None:
+    # A layer of our own: closing the shared layer's pools would cut the sockets this process serves.
+    if get_channel_layer() is None:
         return
+    layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
     try:
         await layer.group_send(group, message)
     finally:

@@ -41,10 +41,6 @@ def test_resubscribing_replaces_the_groups(live_settings, make_user):
     run(scenario)
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason=(
-    "console/jobs/events.py calls layer.close_pools() after each send; channels-redis closes the pools of "
-    "EVERY event loop on that shared layer, so in a process that also serves websockets (services called "
-    "from views under daphne) it cuts the consumers' receive connections. Drop this mark once fixed."))
 def test_publish_job_update_hook_reaches_a_socket(live_settings, make_user):
     """The jobs app's own hook (sync, as services call it on commit) delivers to a subscribed socket."""
     from types import SimpleNamespace
