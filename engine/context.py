@@ -8,6 +8,7 @@ its KV blocks and state slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -40,6 +41,28 @@ class StepContext:
         """Flat index of each sequence's last new token: where its next-token logits come from."""
         offsets = self.token_offsets()
         return torch.tensor([end - 1 for end in offsets[1:]], dtype=torch.long, device=self.positions.device)
+
+    @cached_property
+    def decoding(self) -> list[int]:
+        """Sequences adding one token on top of a cache: their recurrent layers take one batched step."""
+        return [i for i in range(self.num_seqs) if self.query_lens[i] == 1 and self.cached_lens[i] > 0]
+
+    @cached_property
+    def decode_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(flat token rows, state slots) of the decoding sequences, built once per step; None if there are none."""
+        if not self.decoding:
+            return None
+        offsets, device = self.token_offsets(), self.positions.device
+        rows = torch.tensor([offsets[i] for i in self.decoding], dtype=torch.long, device=device)
+        slots = torch.tensor([self.state_slots[i] for i in self.decoding], dtype=torch.long, device=device)
+        return rows, slots
+
+    @cached_property
+    def prefill_spans(self) -> list[tuple[int, int, int, bool]]:
+        """(start, end, slot, continues_cache) of every other sequence with tokens this step."""
+        offsets, decoded = self.token_offsets(), set(self.decoding)
+        return [(offsets[i], offsets[i + 1], self.state_slots[i], self.cached_lens[i] > 0)
+                for i in range(self.num_seqs) if i not in decoded and offsets[i] != offsets[i + 1]]
 
     @classmethod
     def for_prefill(cls, lengths: list[int], state_slots: list[int], block_tables: list[list[int]],

@@ -48,19 +48,11 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
     Decode tokens (one new token on top of a cache) go through one batched window slide; prefill chunks one by one.
     """
     out = torch.empty_like(x)
-    offsets = ctx.token_offsets()
-    decoding = [i for i in range(ctx.num_seqs) if ctx.query_lens[i] == 1 and ctx.cached_lens[i] > 0]
-    decoded = set(decoding)
-    if decoding:
-        rows = torch.tensor([offsets[i] for i in decoding], dtype=torch.long, device=x.device)
-        slots = torch.tensor([ctx.state_slots[i] for i in decoding], dtype=torch.long, device=x.device)
+    if ctx.decode_rows is not None:
+        rows, slots = ctx.decode_rows
         out[rows], states = conv_decode(x[rows], weight, conv_state[slots])
         conv_state[slots] = states.to(conv_state.dtype)
-    for seq in range(ctx.num_seqs):
-        start, end = offsets[seq], offsets[seq + 1]
-        if seq in decoded or start == end:
-            continue
-        slot = ctx.state_slots[seq]
-        initial = conv_state[slot] if ctx.cached_lens[seq] > 0 else None
+    for start, end, slot, continues in ctx.prefill_spans:
+        initial = conv_state[slot] if continues else None
         out[start:end], conv_state[slot] = conv_prefill(x[start:end], weight, initial)
     return out

@@ -87,21 +87,13 @@ def gdn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     if _fla_chunk is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         return _fla_forward(q, k, v, g, beta, recurrent_state, ctx)
     out = v.new_empty(v.shape)
-    offsets = ctx.token_offsets()
-    decoding = [i for i in range(ctx.num_seqs) if ctx.query_lens[i] == 1 and ctx.cached_lens[i] > 0]
-    decoded = set(decoding)
-    if decoding:
-        rows = torch.tensor([offsets[i] for i in decoding], dtype=torch.long, device=q.device)
-        slots = torch.tensor([ctx.state_slots[i] for i in decoding], dtype=torch.long, device=q.device)
+    if ctx.decode_rows is not None:
+        rows, slots = ctx.decode_rows
         step_out, states = gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent_state[slots])
         recurrent_state[slots] = states.to(recurrent_state.dtype)
         out[rows] = step_out.to(out.dtype)
-    for seq in range(ctx.num_seqs):
-        start, end = offsets[seq], offsets[seq + 1]
-        if seq in decoded or start == end:
-            continue
-        slot = ctx.state_slots[seq]
-        initial = recurrent_state[slot] if ctx.cached_lens[seq] > 0 else None
+    for start, end, slot, continues in ctx.prefill_spans:
+        initial = recurrent_state[slot] if continues else None
         seq_out, final = gated_delta_chunked(q[start:end], k[start:end], v[start:end], g[start:end],
                                              beta[start:end], initial)
         recurrent_state[slot] = final.to(recurrent_state.dtype)
