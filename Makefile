@@ -14,16 +14,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-DEMO := var/demo-checkpoint
-
-# For now Seam is its planner and a one-rank engine: prepare the console's database, show the demo
-# rig's frontier, write the demo checkpoint once and generate from it.
+# Seam on one machine: Redis (REDIS_URL, else a private redis-server), the engine with the demo checkpoint
+# on the demo rig, the telemetry bridge, a Celery worker and the console; Ctrl-C stops all of it.
 run: $(STAMP)
-	$(PY) manage.py migrate --noinput
-	$(PY) -m solvers rig cpu-demo
-	$(PY) -m solvers frontier --rig cpu-demo --model demo-hybrid-16
-	test -f $(DEMO)/config.json || $(PY) -m engine make-demo-checkpoint $(DEMO)
-	$(PY) -m engine generate --checkpoint $(DEMO) --prompt "The operator" --max-tokens 16 --greedy
+	$(PY) -m console.run
 
 test: $(STAMP)
 	$(PY) -m ruff check .

@@ -1,0 +1,137 @@
+"""`make run`: Seam on one machine — Redis (the one at REDIS_URL, else a private one), the engine service
+with the demo checkpoint on the demo rig, the telemetry bridge, a Celery worker (with the reconciler's
+beat) and the ASGI server, with migrations applied and demo users created. Ctrl-C stops all of it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "var" / "demo-checkpoint"
+DEMO_USERS = {"operator": "operator", "reviewer": "reviewer", "viewer": "viewer"}  # username -> role
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def _redis(children: list[subprocess.Popen]) -> str:
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if _reachable(url):
+        return url
+    server = shutil.which("redis-server")
+    if server is None:
+        sys.exit(f"no Redis at {url} and no redis-server on PATH: install Redis (Debian: apt install redis-server) "
+                 "or set REDIS_URL to one that is reachable")
+    port = _free_port()
+    children.append(subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL))
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(50):
+        if _reachable(url):
+            print(f"started a private Redis at {url}")
+            return url
+        time.sleep(0.1)
+    sys.exit("the private redis-server did not start")
+
+
+def _demo_users() -> str:
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import Group, User
+
+    from console.jobs.roles import ensure_roles
+
+    ensure_roles()
+    password = os.environ.get("SEAM_DEMO_PASSWORD") or secrets.token_urlsafe(9)
+    for username, role in DEMO_USERS.items():
+        user, _ = User.objects.get_or_create(username=username)
+        user.set_password(password)
+        user.save()
+        user.groups.set([Group.objects.get(name=role)])
+    return password
+
+
+def _wait_http(url: str, process: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"{what} exited with status {process.returncode}; see its output above")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    sys.exit(f"{what} did not answer at {url}")
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    children: list[subprocess.Popen] = []
+    try:
+        redis_url = _redis(children)
+        engine_port = int(os.environ.get("SEAM_ENGINE_PORT", "8100"))
+        port = int(os.environ.get("SEAM_PORT", "8000"))
+        env = {**os.environ, "REDIS_URL": redis_url, "SEAM_ENGINE_URL": f"http://127.0.0.1:{engine_port}"}
+        os.environ.update(env)
+        python = sys.executable
+        subprocess.run([python, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+        password = _demo_users()
+        if not (DEMO / "config.json").is_file():
+            subprocess.run([python, "-m", "engine", "make-demo-checkpoint", str(DEMO), "--force"], cwd=ROOT,
+                           env=env, check=True)
+        engine = subprocess.Popen([python, "-m", "engine", "serve", "--checkpoint", str(DEMO), "--rig", "cpu-demo",
+                                   "--port", str(engine_port), "--redis-url", redis_url], cwd=ROOT, env=env)
+        children.append(engine)
+        _wait_http(f"http://127.0.0.1:{engine_port}/healthz", engine, "the engine")
+        children.append(subprocess.Popen([python, "manage.py", "telemetry_bridge"], cwd=ROOT, env=env))
+        children.append(subprocess.Popen([python, "-m", "celery", "-A", "console", "worker", "-B", "--pool=solo",
+                                          "--loglevel=warning"], cwd=ROOT, env=env))
+        web = subprocess.Popen([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                "console.asgi:application"], cwd=ROOT, env=env)
+        children.append(web)
+        _wait_http(f"http://127.0.0.1:{port}/api/docs/", web, "the console")
+        print(f"\nSeam is running at http://127.0.0.1:{port}/  (API: /api/v1/, schema: /api/schema/, admin: /admin/)"
+              f"\nengine: http://127.0.0.1:{engine_port}/control/state"
+              f"\ndemo logins (password {password!r}): operator, reviewer, viewer\nCtrl-C stops everything.\n",
+              flush=True)
+        while all(child.poll() is None for child in children):
+            time.sleep(0.5)
+        sys.exit("a Seam process stopped unexpectedly; stopping the rest")
+    except KeyboardInterrupt:
+        print("\nstopping Seam ...")
+    finally:
+        for child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in reversed(children):
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+if __name__ == "__main__":
+    main()
