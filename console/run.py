@@ -108,7 +108,8 @@ def main() -> None:
         _wait_http(f"http://127.0.0.1:{engine_port}/healthz", engine, "the engine")
         children.append(subprocess.Popen([python, "manage.py", "telemetry_bridge"], cwd=ROOT, env=env))
         children.append(subprocess.Popen([python, "-m", "celery", "-A", "console", "worker", "-B", "--pool=solo",
-                                          "--loglevel=warning"], cwd=ROOT, env=env))
+                                          "--loglevel=warning", "--schedule", str(ROOT / "var" / "celerybeat")],
+                                         cwd=ROOT, env=env))
         web = subprocess.Popen([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                 "console.asgi:application"], cwd=ROOT, env=env)
         children.append(web)
