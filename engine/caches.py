@@ -24,6 +24,10 @@ import torch
 from engine.config import ModelConfig
 from solvers.census import LayerKind
 
+# Cache dtypes by the names shapes and configs use (fp8 is storage only: the ops compute in wider types).
+CACHE_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+
 
 @runtime_checkable
 class LayerCaches(Protocol):

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from engine.block_manager import BlockManager, SlotManager
+from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
 from engine.errors import EngineError
 from engine.kv_pool import KVPool
@@ -25,9 +26,6 @@ from engine.text import CheckpointText
 from solvers.capacity import CutPricer, PoolResult
 from solvers.rig import Rig, load_rig
 from solvers.units import parse_size
-
-_TORCH_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                 "fp16": torch.float16, "float16": torch.float16, "fp8": torch.float8_e4m3fn}
 
 
 @dataclass
@@ -52,8 +50,8 @@ class LLM:
         if not self.plan.feasible:
             raise EngineError(f"rig {self.rig.name!r} cannot serve {self.checkpoint}: " + "; ".join(self.plan.reasons))
         layers = range(self.config.num_layers)
-        kv_dtype = _TORCH_DTYPES[self.shape.kv_dtype or self.config.dtype]
-        state_dtype = _TORCH_DTYPES[self.shape.state_dtype or self.config.dtype]
+        kv_dtype = CACHE_DTYPES[self.shape.kv_dtype or self.config.dtype]
+        state_dtype = CACHE_DTYPES[self.shape.state_dtype or self.config.dtype]
         self.kv_pool = KVPool(self.config, layers, self.plan.pool_tokens or 0, self.shape.block_size, kv_dtype, device)
         self.state_pool = StatePool(self.config, layers, self.shape.max_num_seqs, state_dtype, device)
         self.blocks = BlockManager(self.kv_pool.num_blocks, self.shape.block_size,

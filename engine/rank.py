@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
 from engine.context import StepContext
 from engine.errors import EngineError, EngineLoadError
@@ -26,9 +27,6 @@ from engine.loader import build_model
 from engine.models import RangeCausalLM
 from engine.pipeline import close_group, init_group, recv_hidden, send_hidden
 from engine.state_pool import StatePool
-
-TORCH_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                "float16": torch.float16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 
 
 @dataclass(frozen=True)
@@ -101,8 +99,8 @@ class RankWorker:
             loaded = self._fill(model)
             self.arena = self.reserve = None
         kv_pool = KVPool(self.config, layers, layout.pool_tokens, layout.block_size,
-                         TORCH_DTYPES[layout.kv_dtype], self.device)
-        state_pool = StatePool(self.config, layers, layout.num_slots, TORCH_DTYPES[layout.state_dtype], self.device)
+                         CACHE_DTYPES[layout.kv_dtype], self.device)
+        state_pool = StatePool(self.config, layers, layout.num_slots, CACHE_DTYPES[layout.state_dtype], self.device)
         measured = self._measure(model, kv_pool, state_pool, layout)
         if measured["free_bytes"] < layout.floor_bytes + layout.margin_bytes:
             raise EngineError(

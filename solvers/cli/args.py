@@ -27,3 +27,16 @@ def shape_from_args(args: argparse.Namespace, default: ServingShape) -> ServingS
     overrides = {name: getattr(args, name) for name in default.__dataclass_fields__
                  if getattr(args, name, None) is not None}
     return replace(default, **overrides)
+
+
+def comma_separated(cast: type, example: str):
+    """An argparse type for a comma-separated list such as `example`, with an error that shows the form."""
+
+    def parse(text: str) -> list:
+        try:
+            return [cast(part) for part in text.split(",")]
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"expected comma-separated values such as {example}: {text!r}") \
+                from error
+
+    return parse

@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 
 from solvers.census import load_census
-from solvers.cli.args import add_json_flag, add_shape_flags, shape_from_args
+from solvers.cli.args import add_json_flag, add_shape_flags, comma_separated, shape_from_args
 from solvers.errors import SolverError
 from solvers.frontier import DEFAULT_REFUSED_LIMIT, compute_frontier
 from solvers.rig import DEFAULT_NOISE_FLOOR, load_rig
 from solvers.tables import render
 from solvers.timing import calibrate, parse_cut
 
+_STAGE_MS = comma_separated(float, "49.2,154.8,116.4")
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     timing = commands.add_parser("timing", help="serial and pipelined time of cuts, calibrated at the incumbent")
     timing.add_argument("--incumbent", required=True, type=parse_cut, help="measured cut, e.g. 28,20,16")
-    timing.add_argument("--stage-ms", required=True, type=_floats, help="measured stage ms per rank at the incumbent")
-    timing.add_argument("--fixed-ms", type=_floats, help="measured fixed ms per stage (default 0: optimistic)")
+    timing.add_argument("--stage-ms", required=True, type=_STAGE_MS, help="measured stage ms per rank at the incumbent")
+    timing.add_argument("--fixed-ms", type=_STAGE_MS, help="measured fixed ms per stage (default 0: optimistic)")
     timing.add_argument("--noise-floor", type=float, default=DEFAULT_NOISE_FLOOR)
     timing.add_argument("--cut", action="append", required=True, type=parse_cut, help="a cut to price (repeatable)")
     add_json_flag(timing)
@@ -34,13 +36,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_json_flag(frontier)
     frontier.set_defaults(handler=run_frontier)
 
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",")]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 49.2,154.8,116.4: {text!r}") \
-            from error
 
 
 def run_timing(args: argparse.Namespace) -> tuple[dict, str]:

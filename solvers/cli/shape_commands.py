@@ -7,7 +7,7 @@ import json
 
 from solvers.calibration import coverage
 from solvers.census import load_census
-from solvers.cli.args import add_json_flag
+from solvers.cli.args import add_json_flag, comma_separated
 from solvers.dtypes import KV_DTYPES
 from solvers.errors import SolverError
 from solvers.ladder import decide, price_ladder
@@ -16,6 +16,8 @@ from solvers.shapes import DEFAULT_STEP, fit, fit_on_rig, largest_max_model_len
 from solvers.tables import render
 from solvers.timing import parse_cut
 from solvers.units import format_bytes, parse_size
+
+_TOKENS = comma_separated(int, "200000,240000")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -51,8 +53,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     ladder.add_argument("--rig", required=True)
     ladder.add_argument("--rung", action="append", required=True, type=parse_cut, help="a rung's cut (repeatable)")
     ladder.add_argument("--fill-trace", help="JSON list of tokens in use per tick, or @file.json")
-    ladder.add_argument("--ascend-above", type=_ints, help="tokens; one per step up the chain")
-    ladder.add_argument("--descend-below", type=_ints, help="tokens; one per step up the chain")
+    ladder.add_argument("--ascend-above", type=_TOKENS, help="tokens; one per step up the chain")
+    ladder.add_argument("--descend-below", type=_TOKENS, help="tokens; one per step up the chain")
     ladder.add_argument("--steps-per-s", type=float, default=10.0)
     ladder.add_argument("--max-payback-s", type=float, default=60.0)
     add_json_flag(ladder)
@@ -66,12 +68,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_json_flag(calibrate)
     calibrate.set_defaults(handler=run_calibrate)
 
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts: {text!r}") from error
 
 
 def run_fit(args: argparse.Namespace) -> tuple[dict, str]:
