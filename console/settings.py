@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import plotly
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -34,6 +35,7 @@ INSTALLED_APPS = [
     "console.jobs",
     "console.api",
     "console.live",
+    "console.ui",
 ]
 
 MIDDLEWARE = [
@@ -109,5 +111,12 @@ TIME_ZONE = "UTC"
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# plotly.js comes from the plotly package itself (no CDN), served as static/plotly/plotly.min.js.
+STATICFILES_DIRS = [BASE_DIR / "static", ("plotly", Path(plotly.__file__).resolve().parent / "package_data")]
 STATIC_ROOT = BASE_DIR / "staticfiles"
+# Without collected files (development, tests) whitenoise serves straight from the finders.
+WHITENOISE_USE_FINDERS = True
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"

@@ -1,0 +1,1 @@
+"""The operators' pages: dashboard, frontier, jobs, audit, and the login pages."""
