@@ -113,10 +113,39 @@ USE_TZ = True
 STATIC_URL = "static/"
 # plotly.js comes from the plotly package itself (no CDN), served as static/plotly/plotly.min.js.
 STATICFILES_DIRS = [BASE_DIR / "static", ("plotly", Path(plotly.__file__).resolve().parent / "package_data")]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# collectstatic fills it for production; elsewhere it is named only once it exists, so whitenoise does not
+# warn about a folder that nobody meant to create.
+_collected_static = Path(os.environ.get("SEAM_STATIC_ROOT", BASE_DIR / "staticfiles"))
+STATIC_ROOT = _collected_static if not DEBUG or _collected_static.is_dir() else None
 # Without collected files (development, tests) whitenoise serves straight from the finders.
 WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
+
+# --- Production (SEAM_DEBUG=0): what `manage.py check --deploy` asks for -----------------------------------
+# HTTPS only: secure cookies, HSTS and a redirect to https. Behind a TLS-terminating proxy set
+# SEAM_BEHIND_PROXY=1 so Django trusts its X-Forwarded-Proto header (only if the proxy always sets it);
+# SEAM_SSL_REDIRECT=0 leaves redirecting to the proxy. Browsers posting forms through the proxy's public
+# name need it in SEAM_CSRF_TRUSTED_ORIGINS (e.g. https://seam.example.org).
+MIN_SECRET_KEY_LENGTH = 50
+
+if not DEBUG:
+    SECRET_KEY = os.environ.get("SEAM_SECRET_KEY", "")
+    if len(SECRET_KEY) < MIN_SECRET_KEY_LENGTH or len(set(SECRET_KEY)) < 5:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"SEAM_SECRET_KEY must be set to a random string of at least {MIN_SECRET_KEY_LENGTH} characters when "
+            f"SEAM_DEBUG=0 (it is {'unset' if not SECRET_KEY else f'{len(SECRET_KEY)} characters'}); e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(64))'")
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SESSION_COOKIE_HTTPONLY = True
+    SECURE_SSL_REDIRECT = _env_bool("SEAM_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = int(os.environ.get("SEAM_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SEAM_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = _env_bool("SEAM_HSTS_PRELOAD", True)
+    if _env_bool("SEAM_BEHIND_PROXY", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("SEAM_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
