@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.errors import ApiErrors
+from console.api.frontier import running_frontier
 from console.api.permissions import HasRole
 from console.api.serializers import (
     ApproveSerializer,
@@ -34,8 +35,6 @@ from console.jobs.errors import JobNotFound
 from console.jobs.models import Job
 
 __all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "TelemetryLatestView", "TokenView", "docs_page"]
-
-DEFAULT_RIG, DEFAULT_MODEL = "cpu-demo", "demo-hybrid-16"
 
 
 class Pages(LimitOffsetPagination):
@@ -142,10 +141,6 @@ class FrontierView(ApiErrors, APIView):
 
     @extend_schema(parameters=[OpenApiParameter("min_pool_ratio", float)], responses=OpenApiTypes.OBJECT)
     def get(self, request):
-        from solvers.census import load_census
-        from solvers.frontier import compute_frontier
-        from solvers.rig import load_rig
-
         raw = request.query_params.get("min_pool_ratio")
         ratio = None
         if raw not in (None, ""):
@@ -154,9 +149,7 @@ class FrontierView(ApiErrors, APIView):
             except ValueError:
                 raise ValidationError(
                     {"min_pool_ratio": f"expected a number >= 0, e.g. 0.9 (got {raw[:40]!r})"}) from None
-        model = load_census(getattr(settings, "SEAM_MODEL", DEFAULT_MODEL))
-        rig = load_rig(getattr(settings, "SEAM_RIG", DEFAULT_RIG))
-        return Response(compute_frontier(model, rig, min_pool_ratio=ratio).to_dict())
+        return Response(running_frontier(ratio).to_dict())
 
 
 class TelemetryLatestView(ApiErrors, APIView):
