@@ -1,0 +1,46 @@
+"""Who may open the pages, and which job buttons a page offers; the job services still decide every change.
+
+Every page needs a login and one of the console roles (viewer, operator, reviewer), as the API does. The
+buttons follow the review-gate rules so nobody is offered what the service would refuse; the service checks
+again on every POST, so a hand-made request is refused there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+
+from console.jobs.choices import CANCELLABLE, JobStatus
+from console.jobs.models import Approval, Job
+from console.jobs.roles import OPERATOR, REVIEWER, roles_of
+
+__all__ = ["JobActions", "console_page", "job_actions"]
+
+
+def console_page(view: Callable) -> Callable:
+    """Login required (redirect to the login page); a logged-in user without a console role gets 403."""
+    @wraps(view)
+    def guarded(request, *args, **kwargs):
+        if not roles_of(request.user):
+            raise PermissionDenied(f"{request.user.get_username()} has none of the console roles "
+                                   "(viewer, operator or reviewer); ask an administrator for one")
+        return view(request, *args, **kwargs)
+    return login_required(guarded)
+
+
+@dataclass(frozen=True)
+class JobActions:
+    review: bool  # approve or reject
+    cancel: bool
+
+
+def job_actions(user, job: Job) -> JobActions:
+    roles = roles_of(user)
+    review = (REVIEWER in roles and job.proposer_id != user.pk and job.status == JobStatus.PROPOSED
+              and not Approval.objects.counting(job.plan_hash).filter(job=job, reviewer=user).exists())
+    cancel = OPERATOR in roles and job.proposer_id == user.pk and job.status in CANCELLABLE
+    return JobActions(review=review, cancel=cancel)

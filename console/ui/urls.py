@@ -1,0 +1,18 @@
+"""The pages' routes (the login pages are in console/urls.py)."""
+
+from django.urls import path
+
+from console.ui.views import audit, dashboard, frontier, job_actions, job_new, jobs
+
+urlpatterns = [
+    path("", dashboard.dashboard, name="dashboard"),
+    path("frontier/", frontier.frontier, name="frontier"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/new/", job_new.job_new, name="job-new"),
+    path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
+    path("jobs/<int:job_id>/approve/", job_actions.approve, name="job-approve"),
+    path("jobs/<int:job_id>/reject/", job_actions.reject, name="job-reject"),
+    path("jobs/<int:job_id>/cancel/", job_actions.cancel, name="job-cancel"),
+    path("audit/", audit.audit, name="audit"),
+    path("audit/export/", audit.audit_export, name="audit-export"),
+]

@@ -1,0 +1,1 @@
+"""The pages' views, one module per page."""

@@ -1,0 +1,56 @@
+"""The job page's buttons: approve (bound to the plan hash shown), reject and cancel, each one service call.
+
+A refusal from the service comes back to the job page as a message; a user without the role the action needs
+gets 403 (the service's NotAllowed is a PermissionDenied).
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import Http404
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from console.jobs import services
+from console.jobs.errors import JobError, JobNotFound, NotAllowed
+from console.ui.access import console_page
+
+
+def _act(request, job_id: int, doing, done: str):
+    try:
+        job = doing()
+    except NotAllowed:
+        raise
+    except JobNotFound as error:
+        raise Http404(str(error)) from error
+    except JobError as error:
+        messages.error(request, str(error))
+    else:
+        messages.success(request, done.format(job=job))
+    return redirect("job", job_id=job_id)
+
+
+@require_POST
+@console_page
+def approve(request, job_id: int):
+    plan_hash = request.POST.get("plan_hash", "").strip()
+    if not plan_hash:
+        messages.error(request, "approve: the form carried no plan_hash; reload the job page and approve the plan "
+                                "it shows")
+        return redirect("job", job_id=job_id)
+    return _act(request, job_id, lambda: services.approve(request.user, job_id, plan_hash=plan_hash),
+                "You approved plan {job.plan_hash:.16}: job {job.pk} is {job.status}.")
+
+
+@require_POST
+@console_page
+def reject(request, job_id: int):
+    reason = request.POST.get("reason", "")
+    return _act(request, job_id, lambda: services.reject(request.user, job_id, reason=reason),
+                "You rejected job {job.pk}; it never reaches the engine.")
+
+
+@require_POST
+@console_page
+def cancel(request, job_id: int):
+    return _act(request, job_id, lambda: services.cancel(request.user, job_id), "You cancelled job {job.pk}.")

@@ -1,0 +1,97 @@
+"""Dashboard: rendered from the newest snapshot in (real) Redis, with its seq for the live fetch."""
+
+import json
+import re
+import uuid
+
+import pytest
+import redis
+
+pytestmark = pytest.mark.django_db
+
+
+def snapshot(seq: int, cut=(8, 4, 4), used_tokens=96) -> dict:
+    ranks = []
+    for rank, layers in enumerate(cut):
+        ranks.append({
+            "rank": rank, "name": f"cpu-rank{rank}", "device": "cpu", "total_bytes": 32 << 20,
+            "used": {"weights": 8 << 20, "kv_pool": 4 << 20, "state_pool": 1 << 20, "arena": 0, "workspace": 2 << 20,
+                     "other": 0},
+            "free_bytes": 17 << 20, "corridor_floor_bytes": 1677721, "arming_floor_bytes": 3250585,
+            "armable": rank != 2, "kv": {"tokens_total": 17056 if layers else 0, "tokens_used": used_tokens},
+            "state_slots": {"total": 8, "used": 1},
+        })
+    return {"seq": seq, "ts": 1700000000.0 + seq, "ranks": ranks, "engine": {
+        "cut": list(cut), "shape": {"max_model_len": 2048, "max_num_seqs": 8, "kv_dtype": "fp32"},
+        "phase": "serving", "running": 2, "waiting": 1, "prefill_tok_s": 120.5, "decode_tok_s": 33.0,
+        "reconfiguring": False, "binding_rank": 0, "pool_tokens": 17056}}
+
+
+@pytest.fixture
+def channel(settings):
+    """A telemetry channel of this test's own on the real Redis, emptied afterwards."""
+    settings.TELEMETRY_CHANNEL = f"seam-ui-test:{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    yield client, settings.TELEMETRY_CHANNEL
+    client.delete(f"{settings.TELEMETRY_CHANNEL}:latest", f"{settings.TELEMETRY_CHANNEL}:recent")
+    client.close()
+
+
+def publish(channel, *snapshots):
+    client, name = channel
+    for snap in snapshots:
+        client.set(f"{name}:latest", json.dumps(snap))
+        client.lpush(f"{name}:recent", json.dumps(snap))
+
+
+def embedded(page: str, element_id: str):
+    match = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', page, re.S)
+    return json.loads(match.group(1))
+
+
+def test_dashboard_renders_the_latest_snapshot_and_its_seq(browse, viewer, channel):
+    publish(channel, snapshot(41, cut=(7, 5, 4)), snapshot(42))
+    page = browse(viewer).get("/").content.decode()
+    assert '<span data-testid="telemetry-seq" id="telemetry-seq">42</span>' in page
+    assert 'data-testid="current-cut" id="current-cut" data-cut="8,4,4"' in page
+    assert 'data-testid="kv-pool-total" id="kv-pool-total" data-tokens="17056"' in page
+    assert 'data-testid="kv-pool-used" id="kv-pool-used" data-tokens="96"' in page
+    assert '<span data-testid="binding-rank" id="binding-rank">0</span>' in page
+    assert '<span data-testid="phase" id="phase">serving</span>' in page
+    assert [int(rank) for rank in re.findall(r'data-testid="rank-bar" data-rank="(\d+)"', page)] == [0, 1, 2]
+    assert embedded(page, "telemetry-snapshot")["seq"] == 42
+    history = embedded(page, "telemetry-history")
+    assert [point["seq"] for point in history] == [41, 42]
+    assert history[-1]["engine"] == {"prefill_tok_s": 120.5, "decode_tok_s": 33.0, "running": 2, "waiting": 1}
+
+
+def test_dashboard_loads_plotly_locally_and_the_live_script(browse, viewer, channel):
+    publish(channel, snapshot(1))
+    page = browse(viewer).get("/").content.decode()
+    assert 'src="/static/plotly/plotly.min.js"' in page and "cdn" not in page.lower()
+    assert 'src="/static/js/dashboard.js"' in page
+    client = browse(viewer)
+    assert client.get("/static/plotly/plotly.min.js").status_code == 200
+    assert client.get("/static/js/dashboard.js").status_code == 200
+
+
+def test_dashboard_without_any_snapshot_says_so(browse, viewer, channel):
+    page = browse(viewer).get("/").content.decode()
+    assert "No telemetry yet" in page and "hidden" not in page.split('id="no-telemetry"')[1][:20]
+    assert '<span data-testid="telemetry-seq" id="telemetry-seq"></span>' in page
+    assert embedded(page, "telemetry-snapshot") is None
+
+
+def test_dashboard_with_redis_down_says_so_instead_of_failing(browse, viewer, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    response = browse(viewer).get("/")
+    assert response.status_code == 200
+    assert "telemetry store at redis://127.0.0.1:1/0 is unreachable" in response.content.decode()
+
+
+def test_a_corrupt_snapshot_is_reported_not_rendered(browse, viewer, channel):
+    client, name = channel
+    client.set(f"{name}:latest", "not json")
+    response = browse(viewer).get("/")
+    assert response.status_code == 200
+    assert "is not a telemetry snapshot" in response.content.decode()
