@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 
 from rest_framework import status
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from console.api.parsers import BoundedJSONParser
 from console.audit.request_id import current_request_id
 from console.jobs.errors import JobError
 from solvers.errors import SolverError
@@ -43,7 +45,9 @@ def exception_handler(exc, context):
 
 
 class ApiErrors:
-    """Mixin for the API's views: use this module's handler whatever REST_FRAMEWORK says."""
+    """Mixin for the API's views: this module's handler and the bounded JSON parser, whatever REST_FRAMEWORK says."""
+
+    parser_classes = [BoundedJSONParser, FormParser, MultiPartParser]
 
     def get_exception_handler(self):
         return exception_handler

@@ -12,7 +12,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -33,6 +33,7 @@ from console.audit.services import export_jsonl, verify_chain
 from console.jobs import services
 from console.jobs.errors import JobNotFound
 from console.jobs.models import Job
+from console.jobs.refusals import body_digest, refuse_proposal
 
 __all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "TelemetryLatestView", "TokenView", "docs_page"]
 
@@ -70,7 +71,13 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     @extend_schema(request=ProposeSerializer, responses={201: JobSerializer})
     def create(self, request):
         """Propose a job (operator): the engine prices the plan; the answer carries plan_hash and prediction."""
-        job = services.propose(request.user, request.data, request_id=request.request_id)
+        try:
+            body = request.data
+        except APIException as refusal:  # not JSON, too large, too deep: refused before the services see it
+            digest = getattr(refusal, "body_sha256", None) or body_digest(None)
+            refuse_proposal(request.user, digest, refusal, request_id=request.request_id)
+            raise
+        job = services.propose(request.user, body, request_id=request.request_id)
         return self._answer(job, status.HTTP_201_CREATED)
 
     @extend_schema(request=ApproveSerializer, responses=JobSerializer)

@@ -1,6 +1,7 @@
 """The one service layer for jobs: pages, the API and the worker all change jobs through these functions.
 
-    propose(user, body)            operator: ask the engine for a plan, store it with its hash and prediction
+    propose(user, body)            operator: ask the engine for a plan, store it with its hash and prediction;
+                                   a refused one is recorded as `job.propose_refused` (console.jobs.refusals)
     revise(user, job, body=None)   the proposer: plan again; a new plan_hash dismisses every approval (rule 2)
     approve(user, job, plan_hash=) reviewer, never the proposer (rule 1), bound to the plan_hash seen (rule 2);
                                    counts unexpired approvals against SEAM_REQUIRED_APPROVALS (rule 3); the last
@@ -35,6 +36,7 @@ from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict, InvalidProposal, JobError, JobNotFound, NotAllowed
 from console.jobs.events import publish_job_update
 from console.jobs.models import Approval, Job
+from console.jobs.refusals import body_digest, refuse_proposal
 from console.jobs.roles import OPERATOR, REVIEWER, has_role
 
 __all__ = ["approve", "approvals_counting", "cancel", "finish", "propose", "record_operation", "reject",
@@ -54,9 +56,13 @@ def propose(user, body: object, *, request_id: str | None = None, client: Engine
     and stores nothing. An `incumbent_fingerprint` in the body is the layout the operator looked at: if the
     engine has moved on since, the proposal is refused rather than priced against a layout nobody saw.
     """
-    _require(user, OPERATOR, "proposing a job")
-    kind, target, seen = planning.parse_body(body)
-    plan, plan_hash = planning.plan(kind, target, seen, client)
+    try:
+        _require(user, OPERATOR, "proposing a job")
+        kind, target, seen = planning.parse_body(body)
+        plan, plan_hash = planning.plan(kind, target, seen, client)
+    except JobError as refusal:
+        refuse_proposal(user, body_digest(body), refusal, request_id=request_id)
+        raise
     with transaction.atomic():
         job = Job.objects.create(
             kind=kind, target=plan["target"], plan=plan, plan_hash=plan_hash, prediction=plan["predicted"],

@@ -34,7 +34,10 @@ def test_only_an_operator_proposes(live_engine, make_user, roles):
     user = make_user(*roles)
     with pytest.raises(NotAllowed, match="needs the operator role"):
         services.propose(user, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
-    assert not Job.objects.exists() and not AuditEvent.objects.exists()
+    assert not Job.objects.exists()
+    # The refused attempt is on the trail (issue 6), and it is the only event.
+    assert list(AuditEvent.objects.values_list("action", "actor_name")) == [("job.propose_refused",
+                                                                               user.get_username())]
 
 
 @pytest.mark.parametrize("body, message, field", [
