@@ -77,13 +77,17 @@ class SocketLog:
         return [message for message in self.messages if message.get("type") == "fetched"]
 
 
-# Records every value the page shows for these elements (a MutationObserver installed before any page script).
+# Records every value the page shows for these elements (a MutationObserver installed before any page script),
+# kept in sessionStorage so the history survives the job page reloading itself when the job ends.
 WATCH_SCRIPT = """
-window.__seen = {seq: [], live: [], status: [], progress: []};
 (() => {
+  const stored = sessionStorage.getItem('__seen');
+  window.__seen = stored ? JSON.parse(stored) : {seq: [], live: [], status: [], progress: []};
   const push = (key, value) => {
     const list = window.__seen[key];
-    if (value !== null && value !== undefined && list[list.length - 1] !== value) list.push(value);
+    if (value === null || value === undefined || list[list.length - 1] === value) return;
+    list.push(value);
+    sessionStorage.setItem('__seen', JSON.stringify(window.__seen));
   };
   const sample = () => {
     const q = (id) => document.querySelector(`[data-testid=${id}]`);
@@ -101,3 +105,9 @@ window.__seen = {seq: [], live: [], status: [], progress: []};
 
 def seen(page: Page, key: str) -> list[str]:
     return page.evaluate(f"window.__seen.{key}")
+
+
+def watch_afresh(page: Page, url: str) -> None:
+    """Open `url` with an empty history of what the page showed."""
+    page.evaluate("sessionStorage.removeItem('__seen')")
+    page.goto(url)
