@@ -4,7 +4,7 @@ const KEEP = 240;
 const LAYOUT = {
   margin: { l: 36, r: 8, t: 4, b: 20 }, height: 110, showlegend: true,
   legend: { orientation: "h", x: 0, y: 1.25, font: { size: 11 } },
-  xaxis: { type: "date", showgrid: false, tickfont: { size: 10 } }, yaxis: { rangemode: "tozero", tickfont: { size: 10 } },
+  xaxis: { type: "date", showgrid: false, tickformat: "%H:%M:%S", tickfont: { size: 10 } }, yaxis: { rangemode: "tozero", tickfont: { size: 10 } },
 };
 const CONFIG = { displayModeBar: false, responsive: true };
 
