@@ -73,9 +73,6 @@ class SocketLog:
                 seqs.extend(snapshot["seq"] for snapshot in message["snapshots"])
         return seqs
 
-    def fetched(self) -> list[dict]:
-        return [message for message in self.messages if message.get("type") == "fetched"]
-
 
 # Records every value the page shows for these elements (a MutationObserver installed before any page script),
 # kept in sessionStorage so the history survives the job page reloading itself when the job ends.
