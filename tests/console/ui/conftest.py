@@ -17,7 +17,6 @@ _spec.loader.exec_module(_jobs)
 demo_checkpoint, engine, live_engine = _jobs.demo_checkpoint, _jobs.engine, _jobs.live_engine
 make_user, operator, reviewer, handoffs = _jobs.make_user, _jobs.operator, _jobs.reviewer, _jobs.handoffs
 propose_cut, celery_worker = _jobs.propose_cut, _jobs.celery_worker
-other_cut = _jobs.other_cut
 
 
 @pytest.fixture
