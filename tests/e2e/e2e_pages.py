@@ -41,15 +41,19 @@ def wait_for_seq_above(page: Page, seq: int, timeout_ms: float = 15_000) -> int:
     return current_seq(page)
 
 
-def click_frontier_point(page: Page, avoid_cut: str) -> str:
-    """Really click (mouse) plotted markers until one opens a proposal for a cut other than `avoid_cut`.
-
-    Returns the cut the proposal page was opened for (comma-separated), read from its URL."""
-    chart = page.wait_for_selector("#frontier-chart .main-svg")
-    chart.scroll_into_view_if_needed()
-    gd = page.query_selector("#frontier-chart")
-    markers = [m for m in page.evaluate(_MARKERS_SCRIPT, gd) if "incumbent" not in m["trace"].lower()]
+def frontier_markers(page: Page) -> list[dict]:
+    """The chart's plotted markers other than the incumbent's, with their pixel centres in the viewport."""
+    page.wait_for_selector("#frontier-chart .main-svg").scroll_into_view_if_needed()
+    markers = page.evaluate(_MARKERS_SCRIPT, page.query_selector("#frontier-chart"))
+    markers = [marker for marker in markers if "incumbent" not in marker["trace"].lower()]
     assert markers, "the frontier chart plots no markers"
+    return markers
+
+
+def click_frontier_point(page: Page, avoid_cut: str, markers: list[dict] | None = None) -> str:
+    """Really click (mouse) plotted markers (by default all, in plotting order) until one opens a proposal for a
+    cut other than `avoid_cut`. Returns the cut the proposal page was opened for, read from its URL."""
+    markers = markers or frontier_markers(page)
     frontier_url = page.url
     for marker in markers:
         page.mouse.move(marker["px"], marker["py"])
