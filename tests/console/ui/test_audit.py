@@ -76,7 +76,8 @@ def test_verify_says_ok_with_the_count(browse, viewer, events):
 
 def test_verify_names_the_first_broken_link(browse, viewer, events):
     with connection.cursor() as cursor:  # tamper below the ORM, as an intruder with database access would
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql":  # its append-only trigger off; pending FK checks first
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
             cursor.execute("ALTER TABLE audit_auditevent DISABLE TRIGGER audit_auditevent_append_only")
         cursor.execute("UPDATE audit_auditevent SET payload = %s WHERE seq = 3", [json.dumps({"n": 99})])
         if connection.vendor == "postgresql":
