@@ -144,3 +144,10 @@ def test_an_approved_job_runs_and_the_page_shows_predicted_and_measured(browse, 
     assert re.search(r'data-testid="job-status"[^>]*>succeeded<', page)
     assert re.search(r'<progress data-testid="job-progress" id="job-progress" max="1" value="1\.0+">', page)
     assert 'src="/static/js/job.js"' not in page  # a finished job does not subscribe
+
+
+
+def test_an_id_too_long_for_the_database_is_404_not_an_overflow(browse, post_form, reviewer):
+    client = browse(reviewer)
+    assert client.get("/jobs/99999999999999999999999/").status_code == 404
+    assert post_form(client, "/jobs/99999999999999999999999/approve/", {"plan_hash": "x"}).status_code == 404
