@@ -12,11 +12,13 @@ def test_schema_validates_without_warnings(tmp_path):
     assert {"/api/v1/jobs/{id}/approve/", "/api/v1/audit/export/", "/api/v1/frontier/"} <= set(paths)
 
 
-def test_schema_view(client):
+def test_schema_view(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("reader"))
     response = client.get("/api/schema/?format=json")
     assert response.status_code == 200 and response.json()["openapi"].startswith("3")
 
 
-def test_docs_page_is_local(client):
+def test_docs_page_is_local(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("reader"))
     page = client.get("/api/docs/").content.decode()
     assert "/api/schema/" in page and "cdn" not in page.lower() and "<script" not in page
