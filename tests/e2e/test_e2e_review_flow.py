@@ -7,6 +7,8 @@ The tests run in order and share one journey (the job the first one proposes).""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from e2e_browser import WATCH_SCRIPT, SocketLog, log_in, seen, watch_afresh
 from e2e_pages import click_frontier_point, current_seq, propose, tokens, wait_for_seq_above
@@ -120,3 +122,36 @@ def test_a_reviewer_approves_and_the_operator_sees_it_run_to_succeeded_and_the_n
     page.wait_for_function("t => +document.querySelector('[data-testid=kv-pool-total]').dataset.tokens === t",
                            arg=journey["predicted_pool"])
     assert tokens(page, "kv-pool-total") == journey["predicted_pool"]
+
+
+def test_a_bad_cut_is_refused_on_the_form_and_nothing_is_proposed(operator_page, stack, journey, job_id):
+    page = operator_page
+    jobs_before = stack.api("operator").get("jobs/").json()["count"]
+    page.goto(f"{stack.url}/jobs/new/?kind=cut&cut=8,4")
+    page.click("[data-testid=propose-submit]")
+    error = page.inner_text("[data-testid=form-error]")
+    assert "cut" in error.lower(), error
+    assert "/jobs/new/" in page.url
+    assert stack.api("operator").get("jobs/").json()["count"] == jobs_before
+
+
+def test_the_audit_page_shows_the_job_verifies_the_chain_and_exports_it_then_logout(operator_page, stack, job_id):
+    page = operator_page
+    page.goto(f"{stack.url}/audit/?subject=job:{job_id}")
+    rows = [row.inner_text() for row in page.query_selector_all("[data-testid=audit-row]")]
+    for action in ("job.proposed", "job.approved", "job.queued", "job.running", "job.succeeded"):
+        assert sum(action in row for row in rows) == 1, (action, rows)
+    export = page.request.get(stack.url + page.get_attribute("[data-testid=export-link]", "href"))
+    assert export.ok, export.status
+    exported = [json.loads(line) for line in export.text().splitlines() if line.strip()]
+    assert len(exported) == len(rows)
+    assert {event["subject"] for event in exported} == {f"job:{job_id}"}
+
+    page.click("[data-testid=verify-button]")
+    verdict = page.inner_text("[data-testid=verify-result]")
+    assert page.get_attribute("[data-testid=verify-result]", "class").split() == ["notice"], verdict  # not "error"
+
+    page.click("[data-testid=logout-button]")
+    page.wait_for_selector("#id_username")
+    page.goto(f"{stack.url}/jobs/{job_id}/")
+    assert "/login/" in page.url, "a logged-out browser still sees the job page"
