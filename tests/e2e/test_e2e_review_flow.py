@@ -96,6 +96,7 @@ def test_a_reviewer_approves_and_the_operator_sees_it_run_to_succeeded_and_the_n
     page = operator_page
     watch_afresh(page, f"{stack.url}/jobs/{job_id}/")
     assert seen(page, "status") == ["proposed"]
+    page.wait_for_function("document.querySelector('[data-testid=live-status]').textContent === 'live'")
     reviewer_context, reviewer = log_in(browser, stack, "reviewer")
     try:
         reviewer.goto(f"{stack.url}/jobs/{job_id}/")
