@@ -14,6 +14,38 @@ import torch
 
 
 @dataclass
+class DecodeBatch:
+    """A step in which every sequence adds one token on top of its cache, as tensors only.
+
+    Layers read these instead of the Python lists, so such a step makes no host round trip and can be captured in a
+    CUDA graph (engine/graphs.py fills fixed buffers of this shape and replays).
+    """
+
+    slots: torch.Tensor  # [seqs] long: recurrent/conv state slot
+    block_table: torch.Tensor  # [seqs, width] int32: KV blocks, padded with block 0 past each sequence's end
+    context_lens: torch.Tensor  # [seqs] int32: cached tokens + this one
+    slot_mapping: torch.Tensor  # [seqs] long: the KV row this token is written to
+
+    @classmethod
+    def build(cls, cached_lens: list[int], state_slots: list[int], block_tables: list[list[int]], block_size: int,
+              device: torch.device | str, width: int | None = None) -> DecodeBatch:
+        seqs = len(cached_lens)
+        width = width or max(-(-(cached + 1) // block_size) for cached in cached_lens)
+        table = torch.zeros((seqs, width), dtype=torch.int32)
+        for seq, (cached, blocks) in enumerate(zip(cached_lens, block_tables, strict=True)):
+            needed = -(-(cached + 1) // block_size)
+            if len(blocks) < needed:
+                raise ValueError(f"sequence {seq}: {cached + 1} tokens need {needed} blocks of {block_size}; its "
+                                 f"block table has {len(blocks)}")
+            table[seq, :needed] = torch.tensor(blocks[:needed], dtype=torch.int32)
+        cached = torch.tensor(cached_lens, dtype=torch.long)
+        last_block = table[torch.arange(seqs), cached // block_size].long()
+        fields = dict(slots=torch.tensor(state_slots, dtype=torch.long), block_table=table,
+                      context_lens=(cached + 1).int(), slot_mapping=last_block * block_size + cached % block_size)
+        return cls(**{name: value.to(device, non_blocking=True) for name, value in fields.items()})
+
+
+@dataclass
 class StepContext:
     query_lens: list[int]  # new tokens per sequence this step, in batch order
     cached_lens: list[int]  # tokens already cached per sequence before this step
@@ -21,6 +53,8 @@ class StepContext:
     block_tables: list[list[int]]  # KV block ids per sequence, covering cached + new tokens
     block_size: int
     positions: torch.Tensor  # [total new tokens] absolute positions, int64
+    decode: DecodeBatch | None = None  # set when every sequence decodes: layers then read tensors only, and the
+    # flat rows are the sequences in order (row i is sequence i's one token)
 
     @property
     def num_seqs(self) -> int:
@@ -60,9 +94,23 @@ class StepContext:
     @cached_property
     def prefill_spans(self) -> list[tuple[int, int, int, bool]]:
         """(start, end, slot, continues_cache) of every other sequence with tokens this step."""
+        if self.decode is not None:
+            return []
         offsets, decoded = self.token_offsets(), set(self.decoding)
         return [(offsets[i], offsets[i + 1], self.state_slots[i], self.cached_lens[i] > 0)
                 for i in range(self.num_seqs) if i not in decoded and offsets[i] != offsets[i + 1]]
+
+    @property
+    def all_decode(self) -> bool:
+        """Every sequence adds exactly one token on top of a cache."""
+        return all(n == 1 for n in self.query_lens) and all(c > 0 for c in self.cached_lens)
+
+    def with_decode_tensors(self) -> StepContext:
+        """Attach the DecodeBatch when every sequence decodes (the fast path); otherwise unchanged."""
+        if self.decode is None and self.query_lens and self.all_decode:
+            self.decode = DecodeBatch.build(self.cached_lens, self.state_slots, self.block_tables, self.block_size,
+                                            self.positions.device)
+        return self
 
     @classmethod
     def for_prefill(cls, lengths: list[int], state_slots: list[int], block_tables: list[list[int]],

@@ -15,6 +15,7 @@ from engine.block_manager import BlockManager, SlotManager
 from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
 from engine.errors import EngineError
+from engine.graphs import DecodeGraphs
 from engine.kv_pool import KVPool
 from engine.loader import load_model
 from engine.runner import ModelRunner
@@ -39,7 +40,8 @@ class Completion:
 
 class LLM:
     def __init__(self, checkpoint: str | Path, *, rig: str | Rig = "cpu-single", memory: str | int | None = None,
-                 device: str = "cpu", **shape_overrides: int | str):
+                 device: str = "cpu", dtype: torch.dtype | None = None, cuda_graphs: bool = True,
+                 **shape_overrides: int | str):
         self.checkpoint = Path(checkpoint)
         self.config = ModelConfig.from_pretrained(self.checkpoint)
         self.text = CheckpointText(self.checkpoint, self.config.vocab_size)
@@ -57,8 +59,14 @@ class LLM:
         self.blocks = BlockManager(self.kv_pool.num_blocks, self.shape.block_size,
                                    tracks_kv=bool(self.kv_pool.attention_layers))
         self.slots = SlotManager(self.shape.max_num_seqs)
-        self.model = load_model(self.checkpoint, device=device)
-        self.runner = ModelRunner(self.model, self, self.shape.block_size, device)
+        self.model = load_model(self.checkpoint, device=device, dtype=dtype)
+        graphs = None
+        # Capture needs every op free of host synchronisation; the grouped experts that make MoE so are bf16-only.
+        bf16 = self.model.embed_tokens.weight.dtype == torch.bfloat16
+        if cuda_graphs and torch.device(device).type == "cuda" and bf16:
+            graphs = DecodeGraphs(self.model, self, self.shape.block_size, self.shape.max_num_seqs,
+                                  self.shape.max_model_len, torch.device(device))
+        self.runner = ModelRunner(self.model, self, self.shape.block_size, device, graphs)
         self.scheduler = Scheduler(
             self.blocks, self.slots, max_num_seqs=self.shape.max_num_seqs,
             max_num_batched_tokens=self.shape.max_num_batched_tokens, max_model_len=self.shape.max_model_len,

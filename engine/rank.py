@@ -189,7 +189,7 @@ class RankWorker:
     def step(self, plan: StepPlan) -> torch.Tensor | None:
         """Run this rank's layers for one step; the last rank returns next-token logits."""
         ctx = StepContext(plan.query_lens, plan.cached_lens, plan.state_slots, plan.block_tables, plan.block_size,
-                          torch.tensor(plan.positions, dtype=torch.long, device=self.device))
+                          torch.tensor(plan.positions, dtype=torch.long, device=self.device)).with_decode_tensors()
         if self.rank == 0:
             hidden = torch.tensor(plan.token_ids, dtype=torch.long, device=self.device)
         else:

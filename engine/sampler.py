@@ -48,10 +48,12 @@ class Sampler:
         self._generators: dict[int, torch.Generator] = {}
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]) -> list[int]:
+        # Greedy rows take one argmax for the whole batch and one read back to the host (on a GPU, one sync a step).
+        greedy = torch.argmax(logits, dim=-1).tolist() if any(p.greedy for p in params) else []
         tokens = []
-        for row, param, seq_id in zip(logits.float(), params, seq_ids, strict=True):
+        for index, (row, param, seq_id) in enumerate(zip(logits.float(), params, seq_ids, strict=True)):
             if param.greedy:
-                tokens.append(int(torch.argmax(row)))
+                tokens.append(greedy[index])
                 continue
             probs = torch.softmax(_filter(row / param.temperature, param.top_k, param.top_p), dim=-1)
             tokens.append(int(torch.multinomial(probs.cpu(), 1, generator=self._generator(seq_id, param))))

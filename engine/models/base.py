@@ -67,6 +67,6 @@ class RangeCausalLM(nn.Module):
         """Logits [num_seqs, vocab] of each sequence's last new token; every token's when ctx is None."""
         if self.lm_head is None:
             raise RuntimeError(f"layers [{self.start}, {self.stop}) do not end the model: no lm_head here")
-        if ctx is not None:
+        if ctx is not None and ctx.decode is None:  # decoding, every row is a last token already
             hidden = hidden[ctx.last_token_indices()]
         return self.lm_head(hidden)

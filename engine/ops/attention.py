@@ -2,7 +2,8 @@
 
 Caches are [num_blocks, block_size, kv_heads, head_dim]; a token at position p of sequence s lives in block
 `block_tables[s][p // block_size]`, row `p % block_size`. Queries attend causally over cached + new tokens,
-with grouped-query heads, through torch SDPA (device-agnostic; a varlen flash kernel can replace the loop later).
+with grouped-query heads, through torch SDPA (flash on CUDA in half precision). A step in which every sequence
+decodes goes through one batched kernel instead (engine/ops/paged_decode.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.context import StepContext
+from engine.context import DecodeBatch, StepContext
+from engine.ops.paged_decode import paged_decode
 
 
 @dataclass
@@ -23,9 +25,12 @@ class PagedMetadata:
     token_offsets: list[int]  # start of each sequence's tokens in the flat batch (num_seqs + 1)
     cached_lens: list[int]
     block_ids: list[torch.Tensor]  # per sequence: the blocks holding its cached + new tokens, in order
+    decode: DecodeBatch | None = None  # every sequence decodes: one batched kernel reads the block table
 
     @classmethod
     def build(cls, ctx: StepContext) -> PagedMetadata:
+        if ctx.decode is not None:
+            return cls(ctx.decode.slot_mapping, [], [], [], ctx.decode)
         device, size = ctx.positions.device, ctx.block_size
         slots, block_ids = [], []
         for seq, (cached, new) in enumerate(zip(ctx.cached_lens, ctx.query_lens, strict=True)):
@@ -71,6 +76,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """q [tokens, heads, head_dim], k/v [tokens, kv_heads, head_dim] (already rotated) -> [tokens, heads, head_dim]."""
     write_kv(k, v, k_cache, v_cache, meta)
+    if meta.decode is not None:
+        return paged_decode(q, k_cache, v_cache, meta.decode.block_table, meta.decode.context_lens, scale, window)
     out = torch.empty_like(q)
     for seq, cached in enumerate(meta.cached_lens):
         start, end = meta.token_offsets[seq], meta.token_offsets[seq + 1]

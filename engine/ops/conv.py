@@ -47,6 +47,10 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
 
     Decode tokens (one new token on top of a cache) go through one batched window slide; prefill chunks one by one.
     """
+    if ctx.decode is not None:  # every row decodes, in slot order of ctx.decode: no row gather or scatter
+        out, states = conv_decode(x, weight, conv_state[ctx.decode.slots])
+        conv_state[ctx.decode.slots] = states.to(conv_state.dtype)
+        return out
     out = torch.empty_like(x)
     if ctx.decode_rows is not None:
         rows, slots = ctx.decode_rows

@@ -6,11 +6,14 @@ Decode tokens take this step directly, batched over sequences. A prefill chunk o
 with G_t the cumulative log-decay inside the chunk and S0 the state entering it, the corrections u solve the unit
 lower-triangular system (I + A) u = beta v - beta e^G K S0, A[t, s] = beta_t e^(G_t - G_s) k_t.k_s (s < t), so the
 chunk costs a few matmuls and one triangular solve instead of C sequential updates.
-On CUDA in half precision, fla's fused kernels run instead when the package is importable (float32 stays on the
-PyTorch path: that is the precision the parity tests hold to).
+On CUDA in half precision, fla's kernels run instead when the package is importable: its fused recurrent step for
+decode tokens and its chunked kernel (one varlen call) for prefill spans. Float32 stays on the PyTorch path: that is
+the precision the parity tests hold to.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -18,8 +21,9 @@ from engine.context import StepContext
 
 try:  # the fast path: flash-linear-attention's Triton kernels (CUDA only)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as _fla_recurrent
 except ImportError:  # not installed: the PyTorch path below always works
-    _fla_chunk = None
+    _fla_chunk = _fla_recurrent = None
 
 CHUNK_SIZE = 64
 
@@ -78,20 +82,31 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     return out.transpose(0, 1), state
 
 
+def uses_fla(x: torch.Tensor) -> bool:
+    return _fla_chunk is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
 def gdn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 recurrent_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
     """The whole step's tokens (flat, batch order); reads and writes each sequence's state slot in place.
 
     Returns out [tokens, value_heads, value_dim] in v's dtype.
     """
-    if _fla_chunk is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return _fla_forward(q, k, v, g, beta, recurrent_state, ctx)
+    fla = uses_fla(v)
+    step = _fla_step if fla else gated_delta_step
+    if ctx.decode is not None:  # every row decodes: no row gather or scatter
+        out, states = step(q, k, v, g, beta, recurrent_state[ctx.decode.slots])
+        recurrent_state[ctx.decode.slots] = states.to(recurrent_state.dtype)
+        return out.to(v.dtype)
     out = v.new_empty(v.shape)
     if ctx.decode_rows is not None:
         rows, slots = ctx.decode_rows
-        step_out, states = gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent_state[slots])
+        step_out, states = step(q[rows], k[rows], v[rows], g[rows], beta[rows], recurrent_state[slots])
         recurrent_state[slots] = states.to(recurrent_state.dtype)
         out[rows] = step_out.to(out.dtype)
+    if fla and ctx.prefill_spans:
+        _fla_prefill(q, k, v, g, beta, recurrent_state, ctx.prefill_spans, out)
+        return out
     for start, end, slot, continues in ctx.prefill_spans:
         initial = recurrent_state[slot] if continues else None
         seq_out, final = gated_delta_chunked(q[start:end], k[start:end], v[start:end], g[start:end],
@@ -101,19 +116,31 @@ def gdn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     return out
 
 
-def _fla_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                 recurrent_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-    """All sequences in one varlen call of fla's chunked kernel (it l2-normalises q/k itself)."""
-    groups = v.shape[-2] // k.shape[-2]
-    if groups > 1:
-        q, k = q.repeat_interleave(groups, dim=-2), k.repeat_interleave(groups, dim=-2)
-    slots = torch.tensor(ctx.state_slots, dtype=torch.long, device=q.device)
-    fresh = torch.tensor([n == 0 for n in ctx.cached_lens], device=q.device)
+def _fla_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gated_delta_step through fla's fused recurrent kernel: one token per sequence as a batch of length-1 runs
+    (it l2-normalises q/k itself and serves grouped value heads from consecutive key heads, as the checkpoint does)."""
+    out, final = _fla_recurrent(
+        q=q.unsqueeze(1), k=k.unsqueeze(1), v=v.unsqueeze(1), g=g.float().unsqueeze(1), beta=beta.unsqueeze(1),
+        initial_state=state.float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )
+    return out.squeeze(1), final
+
+
+def _fla_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 recurrent_state: torch.Tensor, spans: list[tuple[int, int, int, bool]], out: torch.Tensor) -> None:
+    """Every prefill span in one varlen call of fla's chunked kernel."""
+    device = q.device
+    index = torch.cat([torch.arange(start, end) for start, end, _, _ in spans]).to(device)
+    lengths = [end - start for start, end, _, _ in spans]
+    cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long, device=device)
+    slots = torch.tensor([slot for _, _, slot, _ in spans], dtype=torch.long, device=device)
+    fresh = torch.tensor([not continues for *_, continues in spans], device=device)
     initial = recurrent_state[slots].float().masked_fill(fresh[:, None, None, None], 0.0)
-    cu_seqlens = torch.tensor(ctx.token_offsets(), dtype=torch.long, device=q.device)
-    out, final = _fla_chunk(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.float().unsqueeze(0), beta.unsqueeze(0),
-        initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
+    span_out, final = _fla_chunk(
+        q=q[index].unsqueeze(0), k=k[index].unsqueeze(0), v=v[index].unsqueeze(0), g=g[index].float().unsqueeze(0),
+        beta=beta[index].unsqueeze(0), initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens,
+        use_qk_l2norm_in_kernel=True,
     )
     recurrent_state[slots] = final.to(recurrent_state.dtype)
-    return out.squeeze(0).to(v.dtype)
+    out[index] = span_out.squeeze(0).to(out.dtype)

@@ -90,8 +90,9 @@ class TinyRunner:
     """
 
     def __init__(self, models: RangeCausalLM | list[RangeCausalLM], block_size: int = 4, num_blocks: int = 96,
-                 num_slots: int = 8, seed: int = 0, device: torch.device | str = "cpu"):
+                 num_slots: int = 8, seed: int = 0, device: torch.device | str = "cpu", decode_tensors: bool = True):
         self.models = models if isinstance(models, list) else [models]
+        self.decode_tensors = decode_tensors  # all-decode steps take the batched tensor path, as the engine does
         self.device = torch.device(device)
         config = self.models[0].config
         self.caches = [
@@ -119,6 +120,8 @@ class TinyRunner:
             [len(t) for t in chunks.values()], [self.cached[s] for s in chunks], [self.slots[s] for s in chunks],
             [self.tables[s] for s in chunks], self.block_size, positions.to(self.device),
         )
+        if self.decode_tensors:
+            ctx.with_decode_tensors()
         with torch.no_grad():
             ids = [token for tokens in chunks.values() for token in tokens]
             hidden = torch.tensor(ids, dtype=torch.long, device=self.device)

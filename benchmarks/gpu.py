@@ -1,0 +1,152 @@
+"""The engine on a GPU, in one device call: the GPU path tests, the copy bandwidth, and the engine against
+transformers' own Qwen3-Next on one random checkpoint (prefill and decode tok/s at several batch sizes, batch-1
+decode bandwidth utilisation). Every figure goes to one JSON file; a table is printed last.
+
+    python benchmarks/gpu.py --out $OUT                      # the H200 run (about 14 GB checkpoint)
+    python benchmarks/gpu.py --device cpu --toy --out /tmp/x # the same script at toy size, on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine import bench_sweep  # noqa: E402
+
+# reference-hybrid-64's architecture at the issue's peer size: 48 layers, 32 experts top-8, ~14 GB in bf16.
+BENCH_MODEL = {"num_hidden_layers": 48, "num_experts": 32}
+TOY_MODEL = {"num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2, "hidden_size": 128,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "linear_num_key_heads": 2,
+             "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+             "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "vocab_size": 1024}
+
+
+def model_config(overrides: dict) -> dict:
+    config = json.loads((ROOT / "solvers/configs/reference-hybrid-64.json").read_text())
+    config.pop("_comment")
+    return {**config, **overrides}
+
+
+def make_checkpoint(folder: Path, overrides: dict, device: str) -> dict:
+    """A random Qwen3-Next checkpoint written by transformers itself (bf16 safetensors)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**model_config(overrides))
+    started = time.perf_counter()
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    return {"parameters": params, "bytes": 2 * params, "seconds": time.perf_counter() - started}
+
+
+def copy_bandwidth(device: str, gib: float) -> dict:
+    """Device-to-device copy, bytes read + written over the median time of 20 copies (METHOD.md's ceiling)."""
+    n = int(gib * 2**30) // 4
+    src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
+    times = []
+    for _ in range(23):
+        start = bench_sweep._synced()
+        dst.copy_(src)
+        times.append(bench_sweep._synced() - start)
+    median = sorted(times[3:])[10]
+    return {"bytes": 2 * n * 4, "median_s": median, "bytes_per_s": 2 * n * 4 / median}
+
+
+def in_fresh_process(function, *args):
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
+
+
+def run_tests(out: Path) -> dict:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/engine/test_gpu_paths.py", "-q", "-rs",
+                           "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
+    (out / "gpu_tests.log").write_text(done.stdout + done.stderr)
+    return {"returncode": done.returncode, "summary": done.stdout.strip().splitlines()[-1:],
+            "seconds": time.perf_counter() - started}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--toy", action="store_true", help="toy model and sizes (a CPU check of this script)")
+    parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/seam-bench-ckpt"))
+    parser.add_argument("--skip-tests", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    toy = args.toy or args.device == "cpu"
+    batches = [1, 2] if toy else [1, 8, 64, 256]
+    prompt_len, gen_len = (16, 4) if toy else (512, 32)
+    result: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": args.device,
+                    "torch": torch.__version__, "python": platform.python_version(), "argv": sys.argv,
+                    "batches": batches, "prompt_len": prompt_len, "gen_len": gen_len}
+    if args.device == "cuda":
+        result["card"] = torch.cuda.get_device_name()
+        result["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,"
+                                               "clocks.mem", "--format=csv"], capture_output=True, text=True).stdout
+    try:
+        import fla
+        result["fla"] = fla.__version__
+    except ImportError:
+        result["fla"] = None
+    save = lambda: (args.out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))  # noqa: E731
+    if not args.skip_tests:
+        result["tests"] = run_tests(args.out)
+        save()
+        print("tests:", result["tests"], flush=True)
+    result["copy"] = copy_bandwidth(args.device, 0.0625 if toy else 4.0)
+    print("copy:", result["copy"], flush=True)
+    if not (args.checkpoint / "config.json").is_file():
+        result["checkpoint"] = make_checkpoint(args.checkpoint, TOY_MODEL if toy else BENCH_MODEL, args.device)
+        print("checkpoint:", result["checkpoint"], flush=True)
+    memory = "256MiB" if toy else "60GiB"
+    rig = "cpu-single" if toy else "h200"
+    ckpt = str(args.checkpoint)
+    result["engine"] = in_fresh_process(bench_sweep.engine_sweep, ckpt, batches, prompt_len, gen_len, 0, rig, memory,
+                                        1 if toy else 2, args.device)
+    print("engine:", {k: v for k, v in result["engine"].items() if k != "rows"}, flush=True)
+    save()
+    result["transformers"] = in_fresh_process(bench_sweep.transformers_sweep, ckpt, batches, prompt_len, gen_len, 0,
+                                              args.device)
+    write_report(result, args.out)
+
+
+def write_report(result: dict, out: Path) -> None:
+    lines = [f"{'batch':>5} {'prefill tok/s engine':>21} {'transformers':>13} {'x':>6} {'decode tok/s engine':>20} "
+             f"{'transformers':>13} {'x':>6} tokens equal"]
+    for ours, theirs in zip(result["engine"]["rows"], result["transformers"]["rows"], strict=True):
+        equal = ours.pop("token_ids") == theirs.pop("token_ids")
+        lines.append(f"{ours['batch']:>5} {ours['prefill_tok_s']:>21,.0f} {theirs['prefill_tok_s']:>13,.0f} "
+                     f"{ours['prefill_tok_s'] / theirs['prefill_tok_s']:>5.1f}x {ours['decode_tok_s']:>20,.0f} "
+                     f"{theirs['decode_tok_s']:>13,.0f} {ours['decode_tok_s'] / theirs['decode_tok_s']:>5.1f}x {equal}")
+        ours["tokens_equal_transformers"] = equal
+    step, copy = result["engine"]["step"], result["copy"]
+    lines.append(f"batch-1 decode step {step['step_s'] * 1e3:.3f} ms reads {step['total_bytes'] / 1e9:.3f} GB "
+                 f"(weights {step['weights_bytes'] / 1e9:.3f}, state {step['state_bytes'] / 1e6:.1f} MB, KV "
+                 f"{step['kv_bytes'] / 1e6:.1f} MB): {step['bytes_per_s'] / 1e12:.3f} TB/s = "
+                 f"{step['bytes_per_s'] / copy['bytes_per_s']:.1%} of the copy bandwidth "
+                 f"{copy['bytes_per_s'] / 1e12:.3f} TB/s")
+    result["table"] = lines
+    (out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,135 @@
+"""The GPU bench: one engine process and one transformers process, each loading the checkpoint once and running
+every batch size, with the same seeded prompts and greedy decoding of exactly `gen_len` tokens per sequence.
+
+Prefill is timed until every sequence has its first token (one step: the batch fits one token budget), decode is
+the rest. The engine also times single decode steps at batch 1 and counts the bytes such a step must read (weights
+it touches, the recurrent state, the KV cache), for the bandwidth utilisation against the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.config import ModelConfig
+from solvers.census import LayerKind
+
+
+def prompts_for(vocab: int, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed + batch)
+    return torch.randint(0, vocab, (batch, prompt_len), generator=generator).tolist()
+
+
+def _synced() -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: int, seed: int, rig: str,
+                 memory: str | None, repeat: int, device: str = "cuda") -> dict:
+    from engine.llm import LLM
+    from engine.sampler import SamplingParams
+
+    config = ModelConfig.from_pretrained(checkpoint)
+    started = time.perf_counter()
+    llm = LLM(checkpoint, rig=rig, memory=memory, device=device, max_num_seqs=max(batches),
+              max_num_batched_tokens=max(batches) * prompt_len, max_model_len=prompt_len + gen_len + 512)
+    build_s = time.perf_counter() - started
+    params = SamplingParams(max_tokens=gen_len, ignore_eos=True)
+    llm.generate([list(range(8))], SamplingParams(max_tokens=4, ignore_eos=True))
+    rows = []
+    for batch in batches:
+        prompts = prompts_for(config.vocab_size, batch, prompt_len, seed)
+        timings = []
+        for _ in range(repeat):
+            seqs = [llm.submit(prompt, params) for prompt in prompts]
+            start = _synced()
+            while not all(seq.output_ids for seq in seqs):
+                llm.step()
+            first = _synced()
+            while llm.scheduler.has_work:
+                llm.step()
+            timings.append((first - start, _synced() - first))
+        prefill_s, decode_s = min(t[0] for t in timings), min(t[1] for t in timings)
+        rows.append({"batch": batch, "prefill_s": prefill_s, "decode_s": decode_s,
+                     "prefill_tok_s": batch * prompt_len / prefill_s, "decode_tok_s": batch * (gen_len - 1) / decode_s,
+                     "token_ids": [seq.output_ids for seq in seqs]})
+    return {"build_s": build_s, "graphs": llm.runner.graphs is not None, "rows": rows,
+            "pool_tokens": llm.plan.pool_tokens, "step": batch1_step(llm, config, prompt_len),
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None}
+
+
+def batch1_step(llm, config: ModelConfig, context: int, steps: int = 200) -> dict:
+    """Median time of one batch-1 decode step (graph replay + sampling) and the bytes it must read."""
+    from engine.sampler import SamplingParams
+
+    seq = llm.submit(list(range(1, context + 1)), SamplingParams(max_tokens=steps + 2, ignore_eos=True))
+    llm.step()  # prefill
+    times = []
+    while llm.scheduler.has_work:
+        start = _synced()
+        llm.step()
+        times.append(_synced() - start)
+    times.sort()
+    step_s = times[len(times) // 2]
+    read = bytes_read_per_decode_step(llm.model, config, context + len(seq.output_ids) // 2)
+    return {"step_s": step_s, "steps": len(times), **read, "bytes_per_s": read["total_bytes"] / step_s}
+
+
+def bytes_read_per_decode_step(model: torch.nn.Module, config: ModelConfig, context: int) -> dict:
+    """What one sequence's decode step must read: every weight but the embedding table (one row) and the unrouted
+    experts (top_k of num_experts per layer), each GDN layer's state, each attention layer's KV up to `context`."""
+    weights = 0
+    for name, param in model.named_parameters():
+        size = param.numel() * param.element_size()
+        if name == "embed_tokens.weight" and not config.tie_word_embeddings:
+            size = param.shape[1] * param.element_size()
+        elif ".mlp.experts." in name:
+            size = size * config.num_experts_per_tok // config.num_experts
+        weights += size
+    census, state, kv = config.census, 0, 0
+    for index in range(config.num_layers):
+        if config.layer_kind(index) == LayerKind.LINEAR_ATTENTION:
+            state += census.layer_state_bytes_per_sequence(index)
+        else:
+            kv += census.layer_kv_bytes_per_token(index) * context
+    return {"weights_bytes": weights, "state_bytes": state, "kv_bytes": kv, "total_bytes": weights + state + kv}
+
+
+def transformers_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: int, seed: int,
+                       device: str = "cuda") -> dict:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    vocab = ModelConfig.from_pretrained(checkpoint).vocab_size
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto", device_map=device).eval()
+    model.generation_config.eos_token_id = None
+
+    class Clock(transformers.LogitsProcessor):
+        first: float | None = None
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            self.first = self.first or _synced()
+            return scores
+
+    def generate(ids: torch.Tensor, tokens: int, clock: Clock | None = None) -> torch.Tensor:
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                              do_sample=False, pad_token_id=0,
+                              logits_processor=transformers.LogitsProcessorList([clock] if clock else []))
+
+    rows = []
+    with torch.inference_mode():
+        generate(torch.arange(8, device=device)[None], 4)
+        for batch in batches:
+            ids = torch.tensor(prompts_for(vocab, batch, prompt_len, seed), device=device)
+            clock, start = Clock(), _synced()
+            out = generate(ids, gen_len, clock)
+            prefill_s, decode_s = clock.first - start, _synced() - clock.first
+            rows.append({"batch": batch, "prefill_s": prefill_s, "decode_s": decode_s,
+                         "prefill_tok_s": batch * prompt_len / prefill_s,
+                         "decode_tok_s": batch * (gen_len - 1) / decode_s,
+                         "token_ids": out[:, prompt_len:].tolist()})
+    return {"version": transformers.__version__, "rows": rows,
+            "experts_implementation": getattr(model.config, "_experts_implementation", None)}
