@@ -90,6 +90,7 @@ class Stack:
     redis: RedisServer | None
     output: list[str] = field(default_factory=list)
     ready: threading.Event = field(default_factory=threading.Event)
+    reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -128,7 +129,8 @@ def launch(command: list[str], env: dict[str, str], port: int, engine_port: int,
     launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     stack = Stack(launcher, port, engine_port, redis_server)
-    threading.Thread(target=stack._read_output, daemon=True).start()
+    stack.reader = threading.Thread(target=stack._read_output, daemon=True)
+    stack.reader.start()
     deadline = time.monotonic() + timeout
     while not stack.ready.wait(0.2):
         if launcher.poll() is not None or time.monotonic() > deadline:
@@ -160,6 +162,7 @@ def stop(stack: Stack, signal_group: bool = False) -> list[psutil.Process]:
     _, alive = psutil.wait_procs(children, timeout=15)
     for process in alive:  # not to leak them into the rest of the suite; the caller fails the test
         process.kill()
+    stack.reader.join(timeout=5)  # the launcher's last words
     return alive
 
 
@@ -178,7 +181,8 @@ def running_stack(folder: Path) -> Iterator[Stack]:
             finally:
                 alive = stop(stack)
                 assert not alive, f"processes left after SIGINT: {alive}"
-                assert stack.launcher.returncode is not None
+                assert stack.launcher.returncode == 0, stack.printed()[-4000:]
+                assert "stopping Seam" in stack.printed()
     finally:
         if redis_server.process and redis_server.process.poll() is None:
             redis_server.process.terminate()

@@ -41,6 +41,7 @@ def test_make_run_prints_the_url_and_logins_serves_the_login_page_and_stops_on_c
     finally:
         alive = stop(stack, signal_group=True)
     assert not alive, f"still running after Ctrl-C: {alive}"
+    assert "stopping Seam" in stack.printed()
     assert not [process for process in processes if psutil.pid_exists(process.pid)
                 and process.status() != psutil.STATUS_ZOMBIE]
 
