@@ -91,6 +91,7 @@ class Stack:
     output: list[str] = field(default_factory=list)
     ready: threading.Event = field(default_factory=threading.Event)
     reader: threading.Thread | None = None
+    clients: dict[str, httpx.Client] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -109,8 +110,11 @@ class Stack:
         return reply.json()["token"]
 
     def api(self, username: str) -> httpx.Client:
-        return httpx.Client(base_url=f"{self.url}/api/v1", headers={"Authorization": f"Token {self.token(username)}"},
-                            timeout=10)
+        """An API client with `username`'s token (one per user, closed when the stack stops)."""
+        if username not in self.clients:
+            self.clients[username] = httpx.Client(
+                base_url=f"{self.url}/api/v1", headers={"Authorization": f"Token {self.token(username)}"}, timeout=10)
+        return self.clients[username]
 
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.launcher.pid).children(recursive=True)
@@ -150,6 +154,8 @@ def stack_env(folder: Path, database_url: str, redis_url: str, port: int, engine
 
 def stop(stack: Stack, signal_group: bool = False) -> list[psutil.Process]:
     """SIGINT (to the launcher, or to its whole group as a terminal's Ctrl-C does); returns processes left alive."""
+    for client in stack.clients.values():
+        client.close()
     children = stack.descendants()
     if signal_group:
         os.killpg(stack.launcher.pid, signal.SIGINT)
