@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from console.api.parsers import BoundedJSONParser
+from console.api.schema import ConsoleAutoSchema
 from console.audit.request_id import current_request_id
 from console.jobs.errors import JobError
 from solvers.errors import SolverError
@@ -36,6 +38,8 @@ def exception_handler(exc, context):
         return Response({"detail": str(exc), "code": "SolverError"}, status=status.HTTP_400_BAD_REQUEST)
     response = drf_exception_handler(exc, context)
     if response is not None:
+        if isinstance(exc, ValidationError) and not (isinstance(response.data, dict) and "detail" in response.data):
+            response.data = _one_detail(response.data)
         return response
     request_id = current_request_id()
     log.exception("unexpected error in the API (request %s)", request_id)
@@ -44,10 +48,23 @@ def exception_handler(exc, context):
                     status=status.HTTP_500_INTERNAL_SERVER_ERROR)
 
 
+def _one_detail(errors) -> dict:
+    """DRF's per-field errors ({"plan_hash": ["Not a valid string."]}) as the API's one shape, first field named."""
+    field, messages = next(iter(errors.items()), (None, [])) if isinstance(errors, dict) else (None, errors)
+    message = messages[0] if isinstance(messages, list) and messages else messages
+    while isinstance(message, dict):  # nested serializers: name the path
+        key, inner = next(iter(message.items()))
+        field, message = f"{field}.{key}", inner[0] if isinstance(inner, list) and inner else inner
+    return {"detail": f"{field}: {message}" if field else str(message), "code": "ValidationError", "field": field,
+            "errors": errors}
+
+
 class ApiErrors:
-    """Mixin for the API's views: this module's handler and the bounded JSON parser, whatever REST_FRAMEWORK says."""
+    """Mixin for the API's views, whatever REST_FRAMEWORK says: this module's handler, the bounded JSON parser,
+    and a schema that documents the refusals too."""
 
     parser_classes = [BoundedJSONParser, FormParser, MultiPartParser]
+    schema = ConsoleAutoSchema()
 
     def get_exception_handler(self):
         return exception_handler

@@ -12,7 +12,8 @@ from console.audit.models import AuditEvent
 from console.jobs.choices import JobKind
 from console.jobs.models import Job
 
-__all__ = ["ApproveSerializer", "AuditEventSerializer", "JobSerializer", "ProposeSerializer", "RejectSerializer"]
+__all__ = ["ApproveSerializer", "AuditEventSerializer", "ErrorSerializer", "JobSerializer", "ProposeSerializer",
+           "RejectSerializer"]
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -46,3 +47,15 @@ class AuditEventSerializer(serializers.ModelSerializer):
         fields = ["id", "seq", "timestamp", "actor_name", "action", "subject", "payload", "before", "after",
                   "request_id", "prev_hash", "hash"]
         read_only_fields = fields
+
+
+class ErrorSerializer(serializers.Serializer):
+    """What every refusal answers (console.api.errors)."""
+
+    detail = serializers.CharField(help_text="What is wrong, naming the field or path where there is one.")
+    code = serializers.CharField(required=False, help_text="The kind of refusal, e.g. InvalidProposal, Conflict.")
+    field = serializers.CharField(required=False, allow_null=True, help_text="The offending field or path.")
+    reasons = serializers.ListField(child=serializers.CharField(), required=False,
+                                    help_text="The engine's reasons for an infeasible plan.")
+    errors = serializers.JSONField(required=False, help_text="Every field's errors, when a body had several.")
+    request_id = serializers.CharField(required=False, help_text="Quote it when reporting an internal error.")

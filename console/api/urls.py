@@ -1,7 +1,5 @@
 from django.contrib.auth.decorators import login_required
-from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
-from rest_framework.permissions import IsAuthenticated
+from django.urls import include, path, re_path
 from rest_framework.routers import DefaultRouter
 
 from console.api import views
@@ -16,6 +14,7 @@ urlpatterns = [
     path("v1/telemetry/latest/", views.TelemetryLatestView.as_view(), name="api-telemetry-latest"),
     path("v1/", include(router.urls)),
     # The schema and its page need a login like everything else: they map every endpoint and field.
-    path("schema/", SpectacularAPIView.as_view(permission_classes=[IsAuthenticated]), name="api-schema"),
+    path("schema/", views.SchemaView.as_view(), name="api-schema"),
     path("docs/", login_required(views.docs_page), name="api-docs"),
+    re_path(r"^.*$", views.NoRoute.as_view(), name="api-no-route"),
 ]

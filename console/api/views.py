@@ -6,24 +6,27 @@ import json
 
 import redis
 from django.conf import settings
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, ValidationError
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.api.errors import ApiErrors
 from console.api.frontier import running_frontier
+from console.api.pagination import Pages
 from console.api.permissions import HasRole
 from console.api.serializers import (
     ApproveSerializer,
     AuditEventSerializer,
+    ErrorSerializer,
     JobSerializer,
     ProposeSerializer,
     RejectSerializer,
@@ -35,11 +38,8 @@ from console.jobs.errors import JobNotFound
 from console.jobs.models import Job
 from console.jobs.refusals import body_digest, refuse_proposal
 
-__all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "TelemetryLatestView", "TokenView", "docs_page"]
-
-
-class Pages(LimitOffsetPagination):
-    default_limit, max_limit = 100, 1000
+__all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "NoRoute", "SchemaView", "TelemetryLatestView", "TokenView",
+           "docs_page"]
 
 
 def _valid(serializer_class, data):
@@ -50,6 +50,38 @@ def _valid(serializer_class, data):
 
 class TokenView(ApiErrors, ObtainAuthToken):
     """POST username + password -> {"token"} (DRF's token; send it as `Authorization: Token <token>`)."""
+
+
+class SchemaView(ApiErrors, SpectacularAPIView):
+    """The OpenAPI schema, for logged-in users only: it maps every endpoint and field."""
+
+    permission_classes = [IsAuthenticated]
+
+    def perform_content_negotiation(self, request, force=False):
+        try:
+            return super().perform_content_negotiation(request, force)
+        except Http404:  # ?format= names no renderer: say so, as JSON, like every refusal
+            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), "application/json"
+            raise ValidationError({"format": "use json or yaml (or leave it out for YAML)"}) from None
+
+    @extend_schema(**SCHEMA_KWARGS)
+    def get(self, request, *args, **kwargs):
+        lang, languages = request.query_params.get("lang"), dict(settings.LANGUAGES)
+        if lang is not None and lang not in languages:
+            raise ValidationError({"lang": f"{lang[:20]!r} is not a language of this console"})
+        return super().get(request, *args, **kwargs)
+
+
+class NoRoute(ApiErrors, APIView):
+    """Any other path under /api/: a JSON 404 (after the login check), never the site's HTML page."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(exclude=True)
+    def get(self, request, *args, **kwargs):
+        raise NotFound(f"no API route {request.path[:200]} (routes end with a slash; see /api/schema/)")
+
+    post = put = patch = delete = get
 
 
 class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -68,7 +100,8 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     def _answer(self, job, code=status.HTTP_200_OK):
         return Response(JobSerializer(job).data, status=code)
 
-    @extend_schema(request=ProposeSerializer, responses={201: JobSerializer})
+    @extend_schema(request=ProposeSerializer, responses={201: JobSerializer, 409: ErrorSerializer, 422: ErrorSerializer,
+                                                        503: ErrorSerializer})
     def create(self, request):
         """Propose a job (operator): the engine prices the plan; the answer carries plan_hash and prediction."""
         try:
@@ -146,7 +179,8 @@ class FrontierView(ApiErrors, APIView):
 
     permission_classes = [IsAuthenticated, HasRole]
 
-    @extend_schema(parameters=[OpenApiParameter("min_pool_ratio", float)], responses=OpenApiTypes.OBJECT)
+    @extend_schema(parameters=[OpenApiParameter("min_pool_ratio", float)],
+                   responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
     def get(self, request):
         raw = request.query_params.get("min_pool_ratio")
         ratio = None
@@ -164,7 +198,8 @@ class TelemetryLatestView(ApiErrors, APIView):
 
     permission_classes = [IsAuthenticated, HasRole]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: ErrorSerializer, 502: ErrorSerializer,
+                              503: ErrorSerializer})
     def get(self, request):
         key = f"{settings.TELEMETRY_CHANNEL}:latest"
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)

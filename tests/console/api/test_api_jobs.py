@@ -102,7 +102,7 @@ def test_approving_a_plan_you_did_not_see_is_409(proposed, reviewer, post, hando
 def test_approve_with_a_plan_hash_of_the_wrong_type_is_400(proposed, reviewer, post):
     job = proposed()
     answer = post(f"{JOBS}{job['id']}/approve/", {"plan_hash": ["x"]}, user=reviewer, expect=400)
-    assert "plan_hash" in answer
+    assert answer["field"] == "plan_hash" and answer["detail"].startswith("plan_hash: ")
 
 
 def test_reviewer_rejects(proposed, reviewer, post):
