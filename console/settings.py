@@ -92,8 +92,14 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # The reconciler settles jobs a dead worker left running, from the engine's own operation record.
 CELERY_BEAT_SCHEDULE = {"seam-reconcile-jobs": {"task": "console.jobs.tasks.reconcile_jobs", "schedule": 60.0}}
 
+# Two redis-py defaults that close browsers' sockets with 1011 (found by benchmarks/console_load.py):
+# a pool fails the command past 100 connections (100 browsers subscribing at once), and a 5 s socket timeout
+# races channels-redis' 5 s blocking pop, so a socket that hears nothing for 5 s dies. Raise the cap, and
+# keep the timeout above the pop (a Redis that stops answering is still noticed).
+SEAM_CHANNEL_LAYER_CONNECTIONS = int(os.environ.get("SEAM_CHANNEL_LAYER_CONNECTIONS", "1000"))
 CHANNEL_LAYERS = {
-    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
+    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [
+        {"address": REDIS_URL, "max_connections": SEAM_CHANNEL_LAYER_CONNECTIONS, "socket_timeout": 15}]}},
 }
 
 REST_FRAMEWORK = {
