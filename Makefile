@@ -8,7 +8,7 @@ CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium fonts-liberation
 
-.PHONY: run test e2e screenshots lint bench clean
+.PHONY: run test e2e screenshots lint bench bench-console clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/frontier.py
+
+# The console under load (needs Redis at 127.0.0.1:6379; uses its database 14): docs/benchmarks.md, "Console load".
+bench-console: $(STAMP)
+	$(PY) benchmarks/console_load.py
 
 clean:
 	rm -rf $(VENV) *.egg-info
