@@ -118,12 +118,19 @@ def main() -> None:
     memory = "256MiB" if toy else "60GiB"
     rig = "cpu-single" if toy else "h200"
     ckpt = str(args.checkpoint)
-    result["engine"] = in_fresh_process(bench_sweep.engine_sweep, ckpt, batches, prompt_len, gen_len, 0, rig, memory,
-                                        1 if toy else 2, args.device)
-    print("engine:", {k: v for k, v in result["engine"].items() if k != "rows"}, flush=True)
-    save()
     result["transformers"] = in_fresh_process(bench_sweep.transformers_sweep, ckpt, batches, prompt_len, gen_len, 0,
                                               args.device)
+    save()
+    result["engine"] = in_fresh_process(bench_sweep.engine_sweep, ckpt, batches, prompt_len, gen_len, 0, rig, memory,
+                                        1 if toy else 2, args.device)
+    profiles = result["engine"].pop("profile")
+    (args.out / "gpu_profile.txt").write_text("\n\n".join(f"{k}:\n{v}" for k, v in profiles.items()))
+    result["kernels_per_step"] = {k: v for k, v in profiles.items() if k.endswith("_kernels")}
+    print("engine:", {k: v for k, v in result["engine"].items() if k != "rows"}, result["kernels_per_step"], flush=True)
+    save()
+    result["unfused_step"] = in_fresh_process(bench_sweep.unfused_step, ckpt, prompt_len, rig, memory, args.device)
+    print("unfused:", result["unfused_step"], flush=True)
+    save()
     write_report(result, args.out)
 
 

@@ -58,7 +58,43 @@ def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
                      "token_ids": [seq.output_ids for seq in seqs]})
     return {"build_s": build_s, "graphs": llm.runner.graphs is not None, "rows": rows,
             "pool_tokens": llm.plan.pool_tokens, "step": batch1_step(llm, config, prompt_len),
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None}
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+            "profile": profile(llm, prompt_len)}
+
+
+def unfused_step(checkpoint: str, prompt_len: int, rig: str, memory: str | None, device: str = "cuda") -> dict:
+    """batch1_step with the elementwise fusion off: what torch.compile buys."""
+    from engine import fused
+    from engine.llm import LLM
+
+    fused.enabled = False
+    config = ModelConfig.from_pretrained(checkpoint)
+    llm = LLM(checkpoint, rig=rig, memory=memory, device=device, max_num_seqs=8, max_model_len=prompt_len + 512)
+    return batch1_step(llm, config, prompt_len)
+
+
+def profile(llm, prompt_len: int, rows: int = 25) -> dict:
+    """Device time by kernel of one batch-1 prefill and one eager (graph-less) batch-1 decode step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from engine.sampler import SamplingParams
+
+    tables, graphs = {}, llm.runner.graphs
+    llm.submit(list(range(1, prompt_len + 1)), SamplingParams(max_tokens=4, ignore_eos=True))
+    for name in ("prefill", "decode"):
+        llm.runner.graphs = None if name == "decode" else graphs
+        _synced()
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            llm.step()
+            _synced()
+        tables[name] = prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows)
+        events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        tables[name + "_kernels"] = sum(e.count for e in events)
+    llm.runner.graphs = graphs
+    while llm.scheduler.has_work:
+        llm.step()
+    return tables
 
 
 def batch1_step(llm, config: ModelConfig, context: int, steps: int = 200) -> dict:
@@ -104,7 +140,8 @@ def transformers_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen
 
     transformers.logging.set_verbosity_error()
     vocab = ModelConfig.from_pretrained(checkpoint).vocab_size
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto", device_map=device).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto", device_map=device if device == "cuda" else None)
+    model = model.to(device).eval()
     model.generation_config.eos_token_id = None
 
     class Clock(transformers.LogitsProcessor):

@@ -56,7 +56,8 @@ def _free_port() -> int:
 
 class PipelineDriver:
     def __init__(self, checkpoint: str | Path, rig: Rig, cut: tuple[int, ...] | None = None,
-                 shape: ServingShape | None = None, ladder: list[tuple[int, ...]] | None = None):
+                 shape: ServingShape | None = None, ladder: list[tuple[int, ...]] | None = None,
+                 image: HostImage | None = None):
         self.checkpoint = Path(checkpoint)
         self.config = ModelConfig.from_pretrained(self.checkpoint)
         self.census = self.config.census
@@ -84,10 +85,12 @@ class PipelineDriver:
         self.snapshot_seq = itertools.count(1)
         self.last_seq = 0
         self.throughput: deque[tuple[float, int, int]] = deque()
+        self.device_memory: dict[int, dict] = {}  # rank -> its latest real device figures (CUDA ranks only)
         self.ops = Operations(self)
         self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
-        on_gpu = any(spec.device.startswith("cuda") for spec in rig.ranks)
-        self.image = HostImage.build(self.checkpoint, pin=on_gpu, rungs=self.rungs)
+        # Unpinned: a pinned copy is not shared memory, and every rank process reads this one image. A ready image
+        # (HostImage.random, for a rig emulated at full size) can be handed in instead of the checkpoint's weights.
+        self.image = image or HostImage.build(self.checkpoint, rungs=self.rungs)
         self._start_ranks()
         self.measured = self.call_all("build", layouts)
         problems = self.verify(self.prediction, self.measured)
@@ -168,6 +171,12 @@ class PipelineDriver:
             self._finish(seq, "refused", str(error))
 
     # --- rank processes --------------------------------------------------------------------------
+    @property
+    def shared_device(self) -> bool:
+        """Two ranks on one GPU (a rig emulated on one card): NCCL cannot join them, so they talk gloo."""
+        gpus = [spec.device for spec in self.rig.ranks if spec.device.startswith("cuda")]
+        return len(set(gpus)) < len(gpus)
+
     def _start_ranks(self) -> None:
         context = mp.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{_free_port()}"
@@ -177,7 +186,7 @@ class PipelineDriver:
             device = spec.device if spec.device.startswith("cuda") else "cpu"
             process = context.Process(target=rank_main, name=f"seam-rank-{rank}", daemon=True, args=(
                 rank, self.rig.size, init_method, child, str(self.checkpoint), self.image, device,
-                spec.memory_bytes))
+                spec.memory_bytes, self.shared_device))
             process.start()
             self.pipes.append(parent)
             self.processes.append(process)
@@ -290,7 +299,11 @@ class PipelineDriver:
         plan = StepPlan(token_ids, list(batch.query_lens), list(batch.cached_lens),
                         [seq.state_slot or 0 for seq in batch.seqs], [list(seq.block_table) for seq in batch.seqs],
                         self.shape.block_size, positions)
-        logits = self.call_all("step", [plan] * len(self.pipes))[-1]
+        replies = self.call_all("step", [plan] * len(self.pipes))
+        for rank, (_, memory) in enumerate(replies):
+            if memory is not None:
+                self.device_memory[rank] = memory
+        logits = replies[-1][0]
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
         sampled = self.sampler.sample(logits[ready], [batch.seqs[i].params for i in ready],
                                       [batch.seqs[i].seq_id for i in ready])

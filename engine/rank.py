@@ -20,6 +20,7 @@ import torch
 from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
 from engine.context import StepContext
+from engine.device_memory import MemoryReader, cap_cuda_memory, cuda_memory, probe_headroom
 from engine.errors import EngineError, EngineLoadError
 from engine.host_image import HostImage, source_name
 from engine.kv_pool import KVPool
@@ -78,6 +79,7 @@ class RankWorker:
         self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
         self.die_in_reconfiguration = os.environ.get("SEAM_FAULT_DIE_RANK") == str(rank)
         self.builds = 0
+        self.copy_s: float | None = None
 
     # LayerCaches
     def kv(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,6 +112,7 @@ class RankWorker:
         self.builds += 1
         measured["loaded_layers"] = loaded
         measured["switch_s"] = switch_s
+        measured["copy_s"] = self.copy_s if layout.rung else None
         return measured
 
     def _fill_arena(self, model: RangeCausalLM, layout: RankLayout) -> tuple[list[int], float]:
@@ -129,6 +132,7 @@ class RankWorker:
             self.corrupt_arrivals = False
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self.copy_s = time.perf_counter() - started  # the transfer alone: what the planner's switch cost prices
         arrived = zlib.crc32(self.arena[:used].cpu().numpy())
         switch_s = time.perf_counter() - started
         if arrived != image.crc32:
@@ -202,37 +206,17 @@ class RankWorker:
         return self.model.compute_logits(hidden, ctx).float().cpu()
 
 
-def cuda_memory(device: torch.device) -> dict:
-    """Real device memory: what torch's allocator holds for this process, and what NVML says of the card."""
-    figures = {"device_allocated_bytes": torch.cuda.memory_allocated(device),
-               "device_reserved_bytes": torch.cuda.memory_reserved(device)}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(device.index or 0))
-        figures.update(device_total_bytes=info.total, device_used_bytes=info.used, device_free_bytes=info.free)
-    except Exception as error:  # NVML missing or refused: say so rather than guess
-        figures["nvml_error"] = str(error)
-    return figures
-
-
-def cap_cuda_memory(device: torch.device, memory_bytes: int) -> None:
-    """Several ranks may share one large GPU in tests: cap this process at its rig budget."""
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, memory_bytes / total), device)
-
-
 def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpoint: str, image: HostImage,
-              device: str, memory_bytes: int) -> None:
+              device: str, memory_bytes: int, shared_device: bool = False) -> None:
     """Entry point of a rank process: serve the driver's messages until told to stop."""
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     target = torch.device(device)
     if target.type == "cuda":
         torch.cuda.set_device(target)
         cap_cuda_memory(target, memory_bytes)
-    init_group(rank, world, init_method, target)
+    init_group(rank, world, init_method, target, shared_device=shared_device)
     worker = RankWorker(rank, world, ModelConfig.from_pretrained(checkpoint), image, target)
+    memory = MemoryReader(target)
     try:
         while True:
             kind, payload = conn.recv()
@@ -241,8 +225,10 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
             try:
                 if kind == "build":
                     conn.send(("ok", worker.build(payload)))
-                elif kind == "step":
-                    conn.send(("ok", worker.step(payload)))
+                elif kind == "step":  # each reply carries fresh device memory figures every READ_EVERY_S
+                    conn.send(("ok", (worker.step(payload), memory.read())))
+                elif kind == "probe":
+                    conn.send(("ok", probe_headroom(target, payload) if target.type == "cuda" else None))
             except Exception as error:  # reported to the driver, which decides (roll back or fail)
                 conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
     except (EOFError, KeyboardInterrupt):

@@ -21,6 +21,11 @@ def _rates(driver: PipelineDriver) -> tuple[float, float]:
     return prefill / THROUGHPUT_WINDOW_S, decode / THROUGHPUT_WINDOW_S
 
 
+def _build_figures(measured: dict) -> dict | None:
+    figures = {key: value for key, value in measured.items() if key.startswith(("device_", "process_", "nvml_"))}
+    return figures or None
+
+
 def build_snapshot(driver: PipelineDriver, seq: int) -> dict:
     scheduler = driver.scheduler
     ranks = []
@@ -38,6 +43,9 @@ def build_snapshot(driver: PipelineDriver, seq: int) -> dict:
             "kv": {"tokens_total": measured["kv_pool_tokens"] if predicted.attention_layers else 0,
                    "tokens_used": scheduler.blocks.used_tokens if predicted.attention_layers else 0},
             "state_slots": {"total": measured["state_slots"], "used": scheduler.slots.used_slots},
+            # Real device memory (torch allocator + NVML), read by the rank during its latest steps; the build's
+            # figures until it has stepped; None on CPU.
+            "device_memory": driver.device_memory.get(predicted.rank) or _build_figures(measured),
         })
     prefill_rate, decode_rate = _rates(driver)
     return {

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.fused import fused
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary
 from engine.layers.step import LayerStep
@@ -53,5 +54,10 @@ class Attention(nn.Module):
         out = paged_attention(q, k, v, k_cache, v_cache, step.paged, self.head_dim**-0.5, self.window)
         out = out.reshape(tokens, -1)
         if gate is not None:
-            out = out * torch.sigmoid(gate)
+            out = gate_output(out, gate)
         return self.o_proj(out)
+
+
+@fused
+def gate_output(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return out * torch.sigmoid(gate)

@@ -11,10 +11,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.fused import fused
 from engine.layers.norm import GatedRMSNorm
 from engine.layers.step import LayerStep
 from engine.ops.conv import conv_forward
 from engine.ops.gdn import gdn_forward
+
+
+@fused
+def gdn_gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """beta = sigmoid(b) and the log-decay g = -exp(A) softplus(a + dt_bias) (float32 before exp: in half precision
+    A would overflow to -inf)."""
+    return b.sigmoid(), -a_log.float().exp() * F.softplus(a.float() + dt_bias)
 
 
 class GatedDeltaNet(nn.Module):
@@ -55,9 +64,7 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(tokens, self.k_heads, self.k_dim)
         k = k.reshape(tokens, self.k_heads, self.k_dim)
         v = v.reshape(tokens, self.v_heads, self.v_dim)
-        beta = b.sigmoid()
-        # float32 before exp: in half precision A would overflow to -inf.
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        beta, g = gdn_gates(b, a, self.A_log, self.dt_bias)
         out = gdn_forward(q, k, v, g, beta, recurrent_state, step.ctx)
         out = self.norm(out.reshape(-1, self.v_dim), z.reshape(-1, self.v_dim)).reshape(tokens, self.value_width)
         return self.out_proj(out)

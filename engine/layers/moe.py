@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.fused import fused
 from engine.layers.mlp import GatedMLP
 
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
@@ -42,8 +43,8 @@ class Experts(nn.Module):
         counts = torch.zeros(self.num_experts, dtype=torch.int32, device=x.device)
         counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
         offsets = counts.cumsum(0, dtype=torch.int32)
-        gate, up = _grouped_mm(x[token_idx], self.gate_up_proj.transpose(1, 2), offs=offsets).chunk(2, dim=-1)
-        y = _grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offsets)
+        hidden = silu_mul(_grouped_mm(x[token_idx], self.gate_up_proj.transpose(1, 2), offs=offsets))
+        y = _grouped_mm(hidden, self.down_proj.transpose(1, 2), offs=offsets)
         y = y * weights.reshape(-1)[order, None].to(y.dtype)
         return torch.zeros_like(x).index_add_(0, token_idx, y.to(x.dtype))
 
@@ -71,18 +72,30 @@ class SparseMoE(nn.Module):
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k expert ids and their weights per token; probabilities in float32 like the reference."""
-        logits = self.gate(x)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, expert_ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return expert_ids, weights.to(logits.dtype)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        expert_ids, weights = self.route(x)
+        expert_ids, weights = route(self.gate(x), self.top_k, self.norm_topk_prob)
         out = self.experts(x, expert_ids, weights)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = gate_shared(out, self.shared_expert_gate(x), self.shared_expert(x))
         return out
+
+
+@fused
+def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k expert ids and their weights per token; probabilities in float32 like the reference."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, expert_ids = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return expert_ids, weights.to(logits.dtype)
+
+
+@fused
+def gate_shared(routed: torch.Tensor, gate: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    return routed + torch.sigmoid(gate) * shared
+
+
+@fused
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

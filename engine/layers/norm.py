@@ -10,10 +10,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.fused import fused
+
 
 def _normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.float()
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@fused
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool) -> torch.Tensor:
+    normed = _normalise(x, eps)
+    if one_centred:
+        # Qwen3-Next multiplies in float32 and casts last.
+        return (normed * (1.0 + weight.float())).type_as(x)
+    # Llama casts back first, then multiplies by the weight.
+    return weight * normed.to(x.dtype)
+
+
+@fused
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    normed = weight * _normalise(x, eps).to(x.dtype)
+    return (normed * F.silu(gate.float())).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -26,12 +44,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if one_centred else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = _normalise(x, self.eps)
-        if self.one_centred:
-            # Qwen3-Next multiplies in float32 and casts last.
-            return (normed * (1.0 + self.weight.float())).type_as(x)
-        # Llama casts back first, then multiplies by the weight.
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, self.one_centred)
 
 
 class GatedRMSNorm(nn.Module):
@@ -43,5 +56,4 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        normed = self.weight * _normalise(x, self.eps).to(x.dtype)
-        return (normed * F.silu(gate.float())).to(x.dtype)
+        return gated_rms_norm(x, gate, self.weight, self.eps)

@@ -11,6 +11,7 @@ import math
 import torch
 
 from engine.config import ModelConfig
+from engine.fused import fused
 
 
 def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -61,6 +62,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
+@fused
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the leading cos.shape[-1] channels of x [tokens, heads, head_dim]."""
     rotary_dim = cos.shape[-1]

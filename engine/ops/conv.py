@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.context import StepContext
+from engine.fused import fused
 
 
 def conv_prefill(
@@ -32,6 +33,7 @@ def conv_prefill(
     return F.silu(out).t().to(x.dtype), window[:, window.shape[-1] - (kernel - 1):]
 
 
+@fused
 def conv_decode(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: x [seqs, channels], state [seqs, channels, kernel - 1].
 

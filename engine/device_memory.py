@@ -1,0 +1,69 @@
+"""Real device memory of one rank process on CUDA: torch's allocator and NVML, read without synchronising.
+
+Several ranks may share one large GPU (a rig emulated on one card): each caps torch's allocator at its rig budget,
+reports its own allocator figures and NVML's view of the card and of its own process, and can probe how much more
+its capped allocator would really hand out (what the planner's slack predicts).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+READ_EVERY_S = 0.25  # telemetry runs at a few Hz: fresher figures would only cost NVML calls
+
+
+def cuda_memory(device: torch.device) -> dict:
+    """What torch's allocator holds for this process, and what NVML says of the card and of this process."""
+    figures = {"device_allocated_bytes": torch.cuda.memory_allocated(device),
+               "device_reserved_bytes": torch.cuda.memory_reserved(device)}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        figures.update(device_total_bytes=info.total, device_used_bytes=info.used, device_free_bytes=info.free)
+        # This process's own share of the card (CUDA context + allocator), when NVML can see our pid.
+        mine = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == os.getpid()]
+        figures["process_used_bytes"] = mine[0] if mine else None
+    except Exception as error:  # NVML missing or refused: say so rather than guess
+        figures["nvml_error"] = str(error)
+    return figures
+
+
+def cap_cuda_memory(device: torch.device, memory_bytes: int) -> None:
+    """Cap this process's allocator at its rig budget, so several ranks can share one large GPU."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, memory_bytes / total), device)
+
+
+class MemoryReader:
+    """cuda_memory at most every READ_EVERY_S (None in between, and always None off CUDA)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.last = device, 0.0
+
+    def read(self) -> dict | None:
+        now = time.monotonic()
+        if self.device.type != "cuda" or now - self.last < READ_EVERY_S:
+            return None
+        self.last = now
+        return {**cuda_memory(self.device), "read_at": time.time()}
+
+
+def probe_headroom(device: torch.device, chunk_bytes: int) -> dict:
+    """Allocate chunks until the capped allocator refuses; report how many fitted, then free them all."""
+    held = []
+    try:
+        while True:
+            held.append(torch.empty(chunk_bytes, dtype=torch.uint8, device=device))
+    except torch.OutOfMemoryError:
+        pass
+    figures = {"chunk_bytes": chunk_bytes, "chunks": len(held), "headroom_bytes": len(held) * chunk_bytes,
+               **cuda_memory(device)}
+    del held
+    torch.cuda.empty_cache()
+    return figures
