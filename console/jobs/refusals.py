@@ -1,15 +1,18 @@
-"""Refused attempts leave a trace: a proposal the console refuses is an audit event, like every change it makes."""
+"""Refused attempts leave a trace: a proposal or a review verb the console refuses is an audit event, like every
+change it makes (`job.propose_refused`; `job.approve_refused`, `job.reject_refused`, `job.cancel_refused`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from functools import wraps
 
 from django.db import transaction
 
 from console.audit.services import record
 
-__all__ = ["REFUSED_SUBJECT", "body_digest", "refuse_proposal"]
+__all__ = ["REFUSED_SUBJECT", "body_digest", "records_refusals", "refuse_proposal"]
 
 REFUSED_SUBJECT = "jobs"  # no job exists for a refused proposal: the event is about the job list
 
@@ -35,3 +38,30 @@ def body_digest(body: object) -> str:
     except (ValueError, TypeError, RecursionError):
         text = repr(body)[:1_000_000]
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
+
+
+def records_refusals(verb: str) -> Callable:
+    """Wrap a job verb (`verb(user, job, **kwargs)`) so that a refusal (a JobError: not allowed, another plan,
+    not in that state, no such job) is recorded as `job.<verb>_refused` on the job, after the refused
+    transaction has rolled back, and then raised as before."""
+    from console.jobs.errors import JobError
+
+    def wrap(function: Callable) -> Callable:
+        @wraps(function)
+        def recorded(user, job, **kwargs):
+            try:
+                return function(user, job, **kwargs)
+            except JobError as refusal:
+                key = getattr(job, "pk", job)
+                subject = f"job:{key}" if isinstance(key, int) or str(key).isdigit() else REFUSED_SUBJECT
+                actor = user if getattr(user, "is_authenticated", False) else None
+                payload = {"reason": str(refusal)[:2000], "code": type(refusal).__name__,
+                           "user": user.get_username() if actor else "anonymous"}
+                if kwargs.get("plan_hash") is not None:
+                    payload["plan_hash"] = str(kwargs["plan_hash"])[:64]
+                with transaction.atomic():
+                    record(actor=actor, action=f"job.{verb}_refused", subject=subject[:64],
+                           request_id=kwargs.get("request_id"), payload=payload)
+                raise
+        return recorded
+    return wrap

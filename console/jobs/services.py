@@ -1,13 +1,13 @@
 """The one service layer for jobs: pages, the API and the worker all change jobs through these functions.
 
-    propose(user, body)            operator: ask the engine for a plan, store it with its hash and prediction;
-                                   a refused one is recorded as `job.propose_refused` (console.jobs.refusals)
+    propose(user, body)            operator: ask the engine for a plan, store it with its hash and prediction
     revise(user, job, body=None)   the proposer: plan again; a new plan_hash dismisses every approval (rule 2)
     approve(user, job, plan_hash=) reviewer, never the proposer (rule 1), bound to the plan_hash seen (rule 2);
                                    counts unexpired approvals against SEAM_REQUIRED_APPROVALS (rule 3); the last
                                    one needed moves the job approved -> queued and hands it to Celery on commit
     reject(user, job, reason=)     reviewer: proposed -> rejected; the engine is never asked
     cancel(user, job)              operator, own job, before it runs: -> cancelled
+    (a refused propose, approve, reject or cancel is an audit event too: `job.<verb>_refused`, console.jobs.refusals)
     start / record_operation / report_progress / finish     the worker's side (console.jobs.worker)
 
 Every transition is compare-and-set on the status (an UPDATE filtered on the expected status, refused unless
@@ -36,7 +36,7 @@ from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict, InvalidProposal, JobError, JobNotFound, NotAllowed
 from console.jobs.events import publish_job_update
 from console.jobs.models import Approval, Job
-from console.jobs.refusals import body_digest, refuse_proposal
+from console.jobs.refusals import body_digest, records_refusals, refuse_proposal
 from console.jobs.roles import OPERATOR, REVIEWER, has_role
 
 __all__ = ["approve", "approvals_counting", "cancel", "finish", "propose", "record_operation", "reject",
@@ -112,6 +112,7 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
     return revised
 
 
+@records_refusals("cancel")
 def cancel(user, job: Job | int, *, request_id: str | None = None) -> Job:
     """The proposer withdraws a job the worker has not picked up (proposed, approved or queued)."""
     _require(user, OPERATOR, "cancelling a job")
@@ -135,6 +136,7 @@ def approvals_counting(job: Job, now=None) -> int:
             .exclude(reviewer_id=job.proposer_id).values("reviewer_id").distinct().count())
 
 
+@records_refusals("approve")
 def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: str | None = None) -> Job:
     """Record `user`'s approval of the plan they saw (`plan_hash`, default: the job's current one).
 
@@ -180,6 +182,7 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
     return job
 
 
+@records_refusals("reject")
 def reject(user, job: Job | int, *, reason: str = "", request_id: str | None = None) -> Job:
     """A reviewer refuses a proposed job; it ends `rejected` and never reaches the engine."""
     _require(user, REVIEWER, "rejecting a job")

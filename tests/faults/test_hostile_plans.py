@@ -142,6 +142,9 @@ def test_an_approval_for_another_plan_hash_changes_nothing(live_engine, proposed
     assert "changed since you saw it" in answer["detail"] and forged[:16] in answer["detail"]
     assert Job.objects.get(pk=job["id"]).status == "proposed" and not Approval.objects.exists()
     assert handoffs == [] and live_engine.state()["fingerprint"] == before
+    event = AuditEvent.objects.get(action="job.approve_refused")
+    assert (event.actor, event.subject, event.payload["plan_hash"]) == (reviewer, f"job:{job['id']}", forged)
+    assert event.payload["reason"] == answer["detail"] and verify_chain().ok
 
 
 def test_a_failed_audit_write_fails_the_refusal_closed(token_client, monkeypatch, unchanged):

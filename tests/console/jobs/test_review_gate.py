@@ -25,7 +25,7 @@ def test_self_approval_is_refused(propose_cut, make_user):
         services.approve(both, job)
     job.refresh_from_db()
     assert job.status == "proposed" and not job.approvals.exists()
-    assert actions(job) == ["job.proposed"]
+    assert actions(job) == ["job.proposed", "job.approve_refused"]  # the attempt is on the trail (issue 6)
 
 
 @pytest.mark.parametrize("roles", [("operator",), ("viewer",), ()])

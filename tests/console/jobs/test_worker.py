@@ -31,8 +31,8 @@ def test_propose_approve_run_succeeds_with_the_predicted_pool(celery_worker, liv
     assert after["cut"] == cut and after["fingerprint"] != before["fingerprint"]
     assert done.engine_operation_id == done.operation["id"]
     assert done.worker.startswith(celery_worker.queue) and done.task_id and done.request_id == "req-approve-1"
-    assert actions(job) == ["job.proposed", "job.approval", "job.approved", "job.queued", "job.running",
-                            "job.applied", "job.succeeded"]
+    assert actions(job) == ["job.proposed", "job.approve_refused", "job.approval", "job.approved", "job.queued",
+                            "job.running", "job.applied", "job.succeeded"]
     # The worker's audit events carry the id of the request that queued the job.
     worker_events = AuditEvent.objects.filter(subject=f"job:{job.pk}", actor=None)
     assert {event.request_id for event in worker_events} == {"req-approve-1"}

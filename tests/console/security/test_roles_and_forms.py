@@ -81,6 +81,8 @@ def test_a_token_cannot_approve_its_own_users_job(live_engine, make_user, handof
     refused = client.post(f"/api/v1/jobs/{job['id']}/approve/", {"plan_hash": job["plan_hash"]}, format="json")
     assert refused.status_code == 403 and "cannot approve it" in refused.json()["detail"]
     assert Job.objects.get(pk=job["id"]).status == "proposed" and not Approval.objects.exists() and handoffs == []
+    attempt = AuditEvent.objects.get(action="job.approve_refused")
+    assert attempt.actor == both and attempt.payload["code"] == "NotAllowed"
 
 
 def test_a_tampered_audit_row_is_reported_by_the_api(proposed, reviewer, handoffs):
