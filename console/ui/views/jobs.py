@@ -51,9 +51,12 @@ def _comparison(job: Job) -> list[dict]:
     rows = []
     for measured in job.measured.get("ranks") or []:
         rank = measured.get("rank")
-        rows.append({"rank": rank, "name": (predicted.get(rank) or {}).get("name", ""),
-                     "predicted_tokens": (predicted.get(rank) or {}).get("used"),
-                     "measured_tokens": measured.get("kv_pool_tokens"),
-                     "predicted_weights": (predicted.get(rank) or {}).get("weights"),
+        plan_row = predicted.get(rank) or {}
+        # A rank without attention layers holds no KV: the engine still reports the pipeline's pool there.
+        holds_kv = plan_row.get("attention_layers") != 0
+        rows.append({"rank": rank, "name": plan_row.get("name", ""),
+                     "predicted_tokens": plan_row.get("used") if holds_kv else None,
+                     "measured_tokens": measured.get("kv_pool_tokens") if holds_kv else None,
+                     "predicted_weights": plan_row.get("weights"),
                      "measured_weights": measured.get("weights_bytes")})
     return rows

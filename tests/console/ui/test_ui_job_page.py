@@ -151,3 +151,17 @@ def test_an_id_too_long_for_the_database_is_404_not_an_overflow(browse, post_for
     client = browse(reviewer)
     assert client.get("/jobs/99999999999999999999999/").status_code == 404
     assert post_form(client, "/jobs/99999999999999999999999/approve/", {"plan_hash": "x"}).status_code == 404
+
+
+def test_a_rank_without_attention_layers_compares_no_kv_tokens():
+    from types import SimpleNamespace
+
+    from console.ui.views.jobs import _comparison
+
+    job = SimpleNamespace(
+        prediction={"ranks": [{"rank": 0, "name": "a", "used": 8048, "attention_layers": 3, "weights": 10},
+                              {"rank": 1, "name": "b", "used": 0, "attention_layers": 0, "weights": 5}]},
+        measured={"ranks": [{"rank": 0, "kv_pool_tokens": 8048, "weights_bytes": 10},
+                            {"rank": 1, "kv_pool_tokens": 8048, "weights_bytes": 5}]})
+    rows = _comparison(job)
+    assert [(row["predicted_tokens"], row["measured_tokens"]) for row in rows] == [(8048, 8048), (None, None)]
