@@ -46,18 +46,33 @@ def write_config(name: str, folder: Path) -> Path:
 
 
 class Load:
-    """Keeps `width` requests in flight from a thread; counts what finished and what failed."""
+    """Keeps `width` requests in flight from a thread, in waves; counts what finished and what failed. Paused, it
+    lets its wave finish and submits nothing until resumed (the probe talks to the ranks only while they idle)."""
 
     def __init__(self, driver: PipelineDriver, prompt: int, tokens: int, width: int = 4):
         self.driver, self.prompt, self.tokens, self.width = driver, prompt, tokens, width
         self.finished, self.failed, self.stop = 0, [], threading.Event()
+        self.running, self.idle = threading.Event(), threading.Event()
+        self.running.set()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+
+    def pause(self) -> None:
+        self.running.clear()
+        self.idle.wait()
+
+    def resume(self) -> None:
+        self.idle.clear()
+        self.running.set()
 
     def _run(self) -> None:
         vocab = self.driver.config.vocab_size
         generator = torch.Generator().manual_seed(0)
         while not self.stop.is_set():
+            if not self.running.is_set():
+                self.idle.set()
+                self.running.wait(0.1)
+                continue
             handles = [self.driver.submit(torch.randint(0, vocab, (self.prompt,), generator=generator).tolist(),
                                           SamplingParams(max_tokens=self.tokens, ignore_eos=True))
                        for _ in range(self.width)]
@@ -70,6 +85,7 @@ class Load:
                     self.finished += 1
 
     def close(self) -> dict:
+        self.running.set()
         self.stop.set()
         self.thread.join(timeout=900)
         return {"finished": self.finished, "failed": self.failed}
@@ -88,31 +104,37 @@ def probe(driver: PipelineDriver) -> list[dict | None]:
 
 
 def wait(driver: PipelineDriver, op_id: str) -> dict:
-    while (op := driver.operation(op_id))["phase"] != "done":
-        time.sleep(0.2)
+    while (op := driver.operation(op_id))["phase"] != "done" or driver.phase not in ("serving", "broken"):
+        time.sleep(0.2)  # the op reads done a moment before the engine is serving again
     return op
 
 
-def move(driver: PipelineDriver, kind: str, target: dict) -> dict:
+def move(driver: PipelineDriver, kind: str, target: dict, load: Load | None = None) -> dict:
     started = time.perf_counter()
     planned = driver.plan({"kind": kind, "target": target, "incumbent_fingerprint": driver.fingerprint()})
     if not planned["feasible"]:
         return {"kind": kind, "target": target, "feasible": False, "reasons": planned["reasons"],
                 "predicted": planned["plan"]["predicted"]}
     op = wait(driver, driver.apply(planned["plan"], planned["plan_hash"]))
-    return {"kind": kind, "target": target, "feasible": True, "seconds": time.perf_counter() - started,
-            "status": op["status"], "error": op["error"], "predicted": op["predicted"], "measured": op["measured"],
-            "ranks": per_rank(driver), "probe": probe(driver)}
+    seconds = time.perf_counter() - started
+    if load is not None:
+        load.pause()
+    probes = probe(driver)
+    if load is not None:
+        load.resume()
+    return {"kind": kind, "target": target, "feasible": True, "seconds": seconds, "status": op["status"],
+            "error": op["error"], "predicted": op["predicted"], "measured": op["measured"], "ranks": per_rank(driver),
+            "probe": probes}
 
 
-def rig_run(case: dict, folder: Path, device: str) -> dict:
+def rig_run(case: dict, folder: Path, device: str, out: dict, save) -> dict:
     rig = load_rig(case["rig"])
     if device == "cpu":
         rig = replace(rig, ranks=tuple(replace(spec, device="cpu") for spec in rig.ranks))
     config = ModelConfig.from_pretrained(folder)
     started = time.perf_counter()
     image = HostImage.random(config)
-    out: dict = {"image_bytes": image.bytes, "image_s": time.perf_counter() - started, "rig": case["rig"]}
+    out.update(image_bytes=image.bytes, image_s=time.perf_counter() - started, rig=case["rig"])
     started = time.perf_counter()
     driver = PipelineDriver(folder, rig, cut=tuple(case["incumbent"]), image=image)
     out["start_s"] = time.perf_counter() - started
@@ -122,12 +144,14 @@ def rig_run(case: dict, folder: Path, device: str) -> dict:
                                   "binding_rank": driver.prediction.binding_rank},
                     "ranks": per_rank(driver), "probe": probe(driver)}]
     print("started", out["start_s"], flush=True)
+    save()
     load = Load(driver, case["prompt"], case["tokens"])
     try:
         for cut in case["moves"] + case["refused"]:
-            out["cuts"].append(move(driver, "cut", {"cut": cut}))
+            out["cuts"].append(move(driver, "cut", {"cut": cut}, load))
+            save()
             print("cut", cut, out["cuts"][-1].get("status"), out["cuts"][-1].get("seconds"), flush=True)
-        out["shape"] = move(driver, "shape", case["shape"])
+        out["shape"] = move(driver, "shape", case["shape"], load)
         print("shape", out["shape"].get("status"), flush=True)
         time.sleep(2)
         out["snapshot"] = driver.snapshot()
@@ -187,7 +211,8 @@ def main() -> None:
     save = lambda: (args.out / "rig_h200.json").write_text(json.dumps(result, indent=1, default=str))  # noqa: E731
     if args.device == "cuda":
         result["h2d"] = h2d_bandwidth(4.0)
-    result["rig"] = rig_run(case, write_config(case["config"], work / case["config"]), args.device)
+    result["rig"] = {}
+    rig_run(case, write_config(case["config"], work / case["config"]), args.device, result["rig"], save)
     save()
     if not args.skip_ladder:
         small = {**case, "ladder": [[16, 16, 16], [18, 15, 15]] if args.device == "cuda" else [[7, 5, 4], [8, 4, 4]]}

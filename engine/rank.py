@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from engine import fused
 from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
 from engine.context import StepContext
@@ -100,20 +101,31 @@ class RankWorker:
         else:
             loaded = self._fill(model)
             self.arena = self.reserve = None
-        kv_pool = KVPool(self.config, layers, layout.pool_tokens, layout.block_size,
-                         CACHE_DTYPES[layout.kv_dtype], self.device)
-        state_pool = StatePool(self.config, layers, layout.num_slots, CACHE_DTYPES[layout.state_dtype], self.device)
-        measured = self._measure(model, kv_pool, state_pool, layout)
-        if measured["free_bytes"] < layout.floor_bytes + layout.margin_bytes:
+        # The budget check prices the new pools on the meta device, before any is allocated: a refused layout
+        # leaves the running one untouched.
+        planned = self._measure(model, *self._pools(layers, layout, "meta"), layout)
+        if planned["free_bytes"] < layout.floor_bytes + layout.margin_bytes:
             raise EngineError(
                 f"rank {self.rank} cannot clear its arming floor at cut {list(layout.cut)}: free "
-                f"{measured['free_bytes']} B < floor {layout.floor_bytes} B + margin {layout.margin_bytes} B")
+                f"{planned['free_bytes']} B < floor {layout.floor_bytes} B + margin {layout.margin_bytes} B")
+        # The old pools go before the new ones arrive: holding both at once does not fit a rank whose pool grows
+        # (seen on the H200: rank 1 of the reference rig ran out of its 20 GiB moving [28,20,16] -> [30,17,17]).
+        # Their contents are never needed again: running sequences were preempted, and a failure restores by
+        # rebuilding the previous layout's pools from scratch.
+        self.kv_pool = self.state_pool = None
+        kv_pool, state_pool = self._pools(layers, layout, self.device)
+        measured = self._measure(model, kv_pool, state_pool, layout)
         self.model, self.kv_pool, self.state_pool, self.layout = model, kv_pool, state_pool, layout
         self.builds += 1
         measured["loaded_layers"] = loaded
         measured["switch_s"] = switch_s
         measured["copy_s"] = self.copy_s if layout.rung else None
         return measured
+
+    def _pools(self, layers: range, layout: RankLayout, device: torch.device | str) -> tuple[KVPool, StatePool]:
+        return (KVPool(self.config, layers, layout.pool_tokens, layout.block_size, CACHE_DTYPES[layout.kv_dtype],
+                       device),
+                StatePool(self.config, layers, layout.num_slots, CACHE_DTYPES[layout.state_dtype], device))
 
     def _fill_arena(self, model: RangeCausalLM, layout: RankLayout) -> tuple[list[int], float]:
         """Refill the fixed arena with this rung's image in one copy, verify it, bind the weights as views.
@@ -214,6 +226,9 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
     if target.type == "cuda":
         torch.cuda.set_device(target)
         cap_cuda_memory(target, memory_bytes)
+        # Ranks run the elementwise code eagerly: compiling it inside a step outlasts the pipeline's 30 s receive
+        # timeout on the next rank (seen on the H200: gloo "Timed out waiting 30000ms for recv" on ranks 1 and 2).
+        fused.enabled = False
     init_group(rank, world, init_method, target, shared_device=shared_device)
     worker = RankWorker(rank, world, ModelConfig.from_pretrained(checkpoint), image, target)
     memory = MemoryReader(target)

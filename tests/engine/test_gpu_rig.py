@@ -1,0 +1,32 @@
+"""CPU-runnable parts of the full-size rig emulation: the random host image and the device-memory figures."""
+
+import torch
+
+from engine.config import ModelConfig
+from engine.device_memory import MemoryReader
+from engine.host_image import HostImage
+from engine.loader import build_model
+from solvers.census import CONFIG_DIR
+
+
+def test_a_random_image_holds_every_parameter_of_the_model_verified():
+    config = ModelConfig.from_pretrained(CONFIG_DIR / "demo-hybrid-16.json")
+    image = HostImage.random(config, seed=3, rungs=[(7, 5, 4)])
+    model = build_model(config, device="meta")
+    params = dict(model.named_parameters(remove_duplicate=False))
+    assert set(image.entries) == set(params)
+    assert image.bytes == sum(p.numel() * p.element_size() for p in params.values())
+    assert image.buffer.is_shared()
+    for name, param in params.items():
+        tensor = image.tensor(name)
+        assert tensor.shape == param.shape and tensor.dtype == param.dtype
+        image.verify(name, tensor.clone())  # the checksum of every tensor is its own
+    weights = image.tensor("layers.0.mlp.experts.gate_up_proj").float()
+    assert torch.isfinite(weights).all() and 0.015 < weights.std() < 0.025  # transformers' initialisation scale
+    assert {key[1] for key in image.rungs} == {0, 1, 2}
+    again = HostImage.random(config, seed=3)
+    assert all(again.entries[n].crc32 == e.crc32 for n, e in image.entries.items())  # seeded: the same image
+
+
+def test_device_memory_is_read_on_cuda_only():
+    assert MemoryReader(torch.device("cpu")).read() is None
