@@ -10,7 +10,8 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect, render
 
 from console.jobs import planning, services
-from console.jobs.errors import EngineUnavailable, JobError, NotAllowed
+from console.jobs.errors import EngineUnavailable, InvalidProposal, JobError, NotAllowed
+from console.jobs.refusals import body_digest, refuse_proposal
 from console.jobs.roles import OPERATOR, has_role
 from console.ui.access import console_page
 from console.ui.forms import ProposeForm
@@ -37,8 +38,18 @@ def job_new(request):
     if not form.is_bound:
         return _page(request, form, may_propose)
     if not form.is_valid():
+        if request.method == "POST" and request.POST.get("action") == "propose":
+            _refused(request, form)
         return _page(request, form, may_propose, status=400)
     return _page(request, form, may_propose, **_prediction(form))
+
+
+def _refused(request, form: ProposeForm) -> None:
+    """A proposal the form refuses before the services see it is audited like one the API refuses."""
+    fields = {name: value for name, value in request.POST.items() if name != "csrfmiddlewaretoken"}
+    reasons = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
+    refuse_proposal(request.user, body_digest(fields), InvalidProposal(reasons),
+                    request_id=getattr(request, "request_id", None))
 
 
 def _prediction(form: ProposeForm) -> dict:

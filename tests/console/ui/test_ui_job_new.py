@@ -73,6 +73,8 @@ def test_a_malformed_cut_is_shown_on_the_form(browse, post_form, operator, live_
     assert response.status_code == 400
     assert any(expected in error for error in form_errors(response.content.decode()))
     assert not Job.objects.exists()
+    refused = AuditEvent.objects.get(action="job.propose_refused")
+    assert refused.actor_id == operator.pk and expected in refused.payload["reason"]
 
 
 def test_an_infeasible_cut_shows_the_engines_reasons(browse, post_form, operator, live_engine):
