@@ -140,7 +140,8 @@ def transformers_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen
 
     transformers.logging.set_verbosity_error()
     vocab = ModelConfig.from_pretrained(checkpoint).vocab_size
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto", device_map=device if device == "cuda" else None)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        checkpoint, dtype="auto", device_map=device if device == "cuda" else None)
     model = model.to(device).eval()
     model.generation_config.eos_token_id = None
 
