@@ -95,6 +95,7 @@ class Operations:
     def plan(self, body: dict) -> dict:
         driver = self.driver
         request = parse_plan_request(body, driver.rig.size, driver.config.num_layers)
+        self._target(request)  # a kind this engine cannot apply is refused now, not after a review
         return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
 
     def apply(self, plan: dict, plan_hash: str) -> str:

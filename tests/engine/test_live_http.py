@@ -205,6 +205,13 @@ def test_malformed_json_on_the_control_api_is_refused(service):
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]
 
 
+def test_a_ladder_plan_without_an_armed_ladder_is_refused_when_planned(service):
+    fingerprint = service.state()["fingerprint"]
+    reply = service.client.post("/control/plan", json={"kind": "ladder", "target": {"rung": [8, 4, 4]},
+                                                       "incumbent_fingerprint": fingerprint})
+    assert reply.status_code == 422 and "no layout ladder is armed" in reply.json()["error"]
+
+
 def test_twenty_concurrent_requests_all_complete_with_the_single_rank_tokens(service, llm):
     rng = random.Random(20)
     prompts = [[rng.randrange(3, 1024) for _ in range(rng.randrange(3, 48))] for _ in range(20)]

@@ -186,6 +186,10 @@ def test_a_ladder_move_under_load_refills_the_arena_and_loses_nothing(checkpoint
         off_ladder = live.client.post("/control/plan", json={"kind": "ladder", "target": {"rung": [6, 6, 4]},
                                                              "incumbent_fingerprint": state["fingerprint"]})
         assert off_ladder.status_code == 400 and "not a rung" in off_ladder.json()["error"]
+        # With a ladder armed the engine moves only on it: a cut plan is refused when planned, not at apply.
+        cut_plan = live.client.post("/control/plan", json={"kind": "cut", "target": {"cut": [8, 4, 4]},
+                                                           "incumbent_fingerprint": state["fingerprint"]})
+        assert cut_plan.status_code == 422 and "ladder is armed" in cut_plan.json()["error"]
     finally:
         live.stop()
 
