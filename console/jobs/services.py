@@ -8,7 +8,7 @@
     reject(user, job, reason=)     reviewer: proposed -> rejected; the engine is never asked
     cancel(user, job)              operator, own job, before it runs: -> cancelled
     (a refused propose, approve, reject or cancel is an audit event too: `job.<verb>_refused`, console.jobs.refusals)
-    start / record_operation / report_progress / finish     the worker's side (console.jobs.worker)
+    start / record_operation / report_progress / finish     the worker's side (console.jobs.execution)
 
 Every transition is compare-and-set on the status (an UPDATE filtered on the expected status, refused unless
 it changed exactly one row), so two reviewers, two workers or a worker and the reconciler cannot both win.
@@ -19,8 +19,6 @@ Refusals raise console.jobs.errors (each with its HTTP status_code).
 
 from __future__ import annotations
 
-import logging
-import uuid
 from datetime import timedelta
 from functools import partial
 
@@ -28,24 +26,30 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.audit.request_id import current_request_id, is_sane_request_id
 from console.audit.services import record
 from console.jobs import planning
-from console.jobs.choices import CANCELLABLE, TERMINAL, JobStatus, can_move
+from console.jobs.choices import CANCELLABLE, JobStatus
 from console.jobs.engine_client import EngineClient
-from console.jobs.errors import Conflict, InvalidProposal, JobError, JobNotFound, NotAllowed
-from console.jobs.events import publish_job_update
+from console.jobs.errors import Conflict, InvalidProposal, JobError, NotAllowed
+from console.jobs.execution import finish, hand_off, record_operation, report_progress, start
 from console.jobs.models import Approval, Job
 from console.jobs.refusals import body_digest, records_refusals, refuse_proposal
-from console.jobs.roles import OPERATOR, REVIEWER, has_role
+from console.jobs.roles import OPERATOR, REVIEWER
+from console.jobs.transitions import (
+    carried_request_id,
+    get_job,
+    job_id_of,
+    lost,
+    publish_on_commit,
+    require_role,
+    subject_of,
+    transition,
+)
 
-__all__ = ["approve", "approvals_counting", "cancel", "finish", "propose", "record_operation", "reject",
+# The worker's side lives in console.jobs.execution; it is named here too so that every caller goes through
+# this one module.
+__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "propose", "record_operation", "reject",
            "report_progress", "required_approvals", "revise", "start"]
-
-log = logging.getLogger("seam.jobs")
-
-WORKER_ENDINGS = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.ROLLED_BACK, JobStatus.STALE})
-
 
 # --- the operator's side -----------------------------------------------------------------------
 
@@ -57,7 +61,7 @@ def propose(user, body: object, *, request_id: str | None = None, client: Engine
     engine has moved on since, the proposal is refused rather than priced against a layout nobody saw.
     """
     try:
-        _require(user, OPERATOR, "proposing a job")
+        require_role(user, OPERATOR, "proposing a job")
         kind, target, seen = planning.parse_body(body)
         plan, plan_hash = planning.plan(kind, target, seen, client)
     except JobError as refusal:
@@ -67,12 +71,12 @@ def propose(user, body: object, *, request_id: str | None = None, client: Engine
         job = Job.objects.create(
             kind=kind, target=plan["target"], plan=plan, plan_hash=plan_hash, prediction=plan["predicted"],
             proposer=user, proposer_name=user.get_username(), status=JobStatus.PROPOSED)
-        record(actor=user, action="job.proposed", subject=_subject(job), request_id=request_id,
+        record(actor=user, action="job.proposed", subject=subject_of(job), request_id=request_id,
                payload={"kind": kind, "target": job.target, "plan_hash": plan_hash,
                         "incumbent_fingerprint": job.incumbent_fingerprint,
                         "predicted_pool_tokens": job.prediction.get("pool_tokens")},
                after={"status": JobStatus.PROPOSED})
-        _publish_on_commit(job)
+        publish_on_commit(job)
     return job
 
 
@@ -83,8 +87,8 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
     A plan that hashes differently replaces the old one and dismisses every approval given so far: they were
     given for another plan (rule 2). A plan that hashes the same changes nothing.
     """
-    _require(user, OPERATOR, "revising a job")
-    job = _get(job)
+    require_role(user, OPERATOR, "revising a job")
+    job = get_job(job)
     if job.proposer_id != user.pk:
         raise NotAllowed(f"only the proposer ({job.proposer_name}) may revise job {job.pk}")
     if job.status != JobStatus.PROPOSED:
@@ -103,25 +107,25 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
             raise Conflict(f"job {job.pk} changed while it was being revised; look at it again")
         dismissed = job.approvals.filter(plan_hash=job.plan_hash).count()
         revised = Job.objects.get(pk=job.pk)
-        record(actor=user, action="job.revised", subject=_subject(job), request_id=request_id,
+        record(actor=user, action="job.revised", subject=subject_of(job), request_id=request_id,
                payload={"target": revised.target, "dismissed_approvals": dismissed,
                         "incumbent_fingerprint": revised.incumbent_fingerprint,
                         "predicted_pool_tokens": revised.prediction.get("pool_tokens")},
                before={"plan_hash": job.plan_hash}, after={"plan_hash": plan_hash})
-        _publish_on_commit(revised)
+        publish_on_commit(revised)
     return revised
 
 
 @records_refusals("cancel")
 def cancel(user, job: Job | int, *, request_id: str | None = None) -> Job:
     """The proposer withdraws a job the worker has not picked up (proposed, approved or queued)."""
-    _require(user, OPERATOR, "cancelling a job")
-    job = _get(job)
+    require_role(user, OPERATOR, "cancelling a job")
+    job = get_job(job)
     if job.proposer_id != user.pk:
         raise NotAllowed(f"only the proposer ({job.proposer_name}) may cancel job {job.pk}")
     if job.status not in CANCELLABLE:
         raise Conflict(f"job {job.pk} is {job.status}: only a job that has not started can be cancelled")
-    return _transition(job.pk, job.status, JobStatus.CANCELLED, actor=user, request_id=request_id)
+    return transition(job.pk, job.status, JobStatus.CANCELLED, actor=user, request_id=request_id)
 
 
 # --- the reviewer's side -----------------------------------------------------------------------
@@ -143,14 +147,14 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
     When the unexpired approvals of the current plan reach SEAM_REQUIRED_APPROVALS, the job moves
     proposed -> approved -> queued and is handed to the worker once the transaction commits.
     """
-    _require(user, REVIEWER, "approving a job")
-    job_id = _job_id(job)
+    require_role(user, REVIEWER, "approving a job")
+    job_id = job_id_of(job)
     now = timezone.now()
     with transaction.atomic():
         # Write to the job's row first: it locks the row (PostgreSQL) or the database (SQLite) until commit,
         # so approvals of one job are counted one after another and the count that queues it is exact.
         if Job.objects.filter(pk=job_id, status=JobStatus.PROPOSED).update(updated=now) != 1:
-            raise _lost(job_id, JobStatus.PROPOSED, "approve it")
+            raise lost(job_id, JobStatus.PROPOSED, "approve it")
         job = Job.objects.get(pk=job_id)
         if job.proposer_id == user.pk:
             raise NotAllowed(f"{user.get_username()} proposed job {job.pk} and cannot approve it: "
@@ -165,19 +169,19 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
                                            plan_hash=job.plan_hash, created=now,
                                            expires_at=now + timedelta(seconds=ttl_s))
         count, required = approvals_counting(job, now), required_approvals()
-        record(actor=user, action="job.approval", subject=_subject(job), request_id=request_id,
+        record(actor=user, action="job.approval", subject=subject_of(job), request_id=request_id,
                payload={"plan_hash": job.plan_hash, "approval": approval.pk, "counting": count,
                         "required": required, "expires_at": approval.expires_at.isoformat()})
         if count < required:
-            _publish_on_commit(job)
+            publish_on_commit(job)
             return job
         reviewers = sorted(Approval.objects.counting(job.plan_hash, now).filter(job=job)
                            .values_list("reviewer_name", flat=True).distinct())
         gate = {"plan_hash": job.plan_hash, "approvals": count, "required": required, "reviewers": reviewers}
-        _transition(job.pk, JobStatus.PROPOSED, JobStatus.APPROVED, actor=user, request_id=request_id, payload=gate)
-        carried = _carried_request_id(request_id)
-        job = _transition(job.pk, JobStatus.APPROVED, JobStatus.QUEUED, actor=user, request_id=request_id,
-                          payload={"plan_hash": job.plan_hash}, queued_at=now, request_id_field=carried)
+        transition(job.pk, JobStatus.PROPOSED, JobStatus.APPROVED, actor=user, request_id=request_id, payload=gate)
+        carried = carried_request_id(request_id)
+        job = transition(job.pk, JobStatus.APPROVED, JobStatus.QUEUED, actor=user, request_id=request_id,
+                         payload={"plan_hash": job.plan_hash}, queued_at=now, request_id_field=carried)
         transaction.on_commit(partial(hand_off, job.pk, carried), robust=True)
     return job
 
@@ -185,155 +189,8 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
 @records_refusals("reject")
 def reject(user, job: Job | int, *, reason: str = "", request_id: str | None = None) -> Job:
     """A reviewer refuses a proposed job; it ends `rejected` and never reaches the engine."""
-    _require(user, REVIEWER, "rejecting a job")
+    require_role(user, REVIEWER, "rejecting a job")
     reason = str(reason or "").strip()[:2000]
     error = f"rejected by {user.get_username()}" + (f": {reason}" if reason else "")
-    return _transition(_job_id(job), JobStatus.PROPOSED, JobStatus.REJECTED, actor=user, request_id=request_id,
-                       payload={"reason": reason}, error=error, finished_at=timezone.now())
-
-
-# --- the worker's side -------------------------------------------------------------------------
-
-def start(job: Job | int, *, worker: str = "", task_id: str = "") -> Job:
-    """Claim a queued job for this worker (queued -> running); Conflict if another delivery got it first."""
-    now = timezone.now()
-    return _transition(_job_id(job), JobStatus.QUEUED, JobStatus.RUNNING, actor=None,
-                       payload={"worker": worker, "task_id": task_id}, started_at=now, worker=worker[:255],
-                       task_id=task_id[:255], phase="", progress=0.0, error="")
-
-
-def record_operation(job: Job | int, operation_id: str) -> Job:
-    """The engine accepted the plan as `operation_id`; recorded at once so the reconciler can find it."""
-    job_id = _job_id(job)
-    with transaction.atomic():
-        changed = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING, engine_operation_id="").update(
-            engine_operation_id=operation_id[:128], updated=timezone.now())
-        if changed != 1:
-            raise _lost(job_id, JobStatus.RUNNING, f"record operation {operation_id}")
-        job = Job.objects.get(pk=job_id)
-        record(actor=None, action="job.applied", subject=_subject(job),
-               payload={"operation_id": operation_id, "plan_hash": job.plan_hash})
-        _publish_on_commit(job)
-    return job
-
-
-def report_progress(job: Job | int, *, phase: str, progress: float) -> bool:
-    """Store the operation's phase and progress on a running job (also the worker's heartbeat); no audit event."""
-    job_id = _job_id(job)
-    with transaction.atomic():
-        changed = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).update(
-            phase=str(phase or "")[:32], progress=float(progress or 0.0), updated=timezone.now())
-        if changed:
-            transaction.on_commit(partial(_publish_id, job_id), robust=True)
-    return bool(changed)
-
-
-def finish(job: Job | int, status: str, *, error: str = "", operation: dict | None = None,
-           reconciled: bool = False) -> Job:
-    """End a running job: succeeded | failed | rolled_back | stale, with the engine's operation record if any."""
-    if status not in WORKER_ENDINGS:
-        raise ValueError(f"a worker ends a job succeeded, failed, rolled_back or stale, not {status!r}")
-    job_id = _job_id(job)
-    measured = operation.get("measured") if operation else None
-    fields = {"error": (error or "")[:10000], "finished_at": timezone.now(), "operation": operation,
-              "measured": measured}
-    if operation:
-        fields["phase"] = str(operation.get("phase") or "")[:32]
-        fields["progress"] = float(operation.get("progress") or 0.0)
-    payload = {"error": fields["error"], "reconciled": reconciled, "operation_id": None,
-               "measured_pool_tokens": _pool(measured)}
-    if operation:
-        payload.update(operation_id=operation.get("id"), engine_status=operation.get("status"),
-                       engine_predicted_pool_tokens=_pool(operation.get("predicted")),
-                       previous_pool_tokens=_pool(operation.get("previous")))
-    return _transition(job_id, JobStatus.RUNNING, status, actor=None, payload=payload, **fields)
-
-
-def hand_off(job_id: int, request_id: str | None = None) -> None:
-    """Send a queued job to the worker. Runs on commit, so the worker never reads an uncommitted row; if the
-    broker is down the job stays queued and the reconciler sends it again."""
-    from console.jobs.tasks import run_job
-
-    try:
-        run_job.apply_async(args=(job_id,), kwargs={"request_id": request_id})
-    except Exception:
-        log.exception("could not hand job %s to the worker; the reconciler will send it again", job_id)
-
-
-# --- plumbing ----------------------------------------------------------------------------------
-
-def _transition(job_id: int, expected: str, to: str, *, actor, request_id: str | None = None,
-                payload: dict | None = None, request_id_field: str | None = None, **fields) -> Job:
-    """Compare-and-set `expected` -> `to`, record the audit event, publish on commit; Conflict if it lost."""
-    if not can_move(expected, to):
-        raise Conflict(f"a job cannot move from {expected} to {to}")
-    if request_id_field is not None:
-        fields["request_id"] = request_id_field
-    with transaction.atomic():
-        moved = Job.objects.filter(pk=job_id, status=expected).update(status=to, updated=timezone.now(), **fields)
-        if moved != 1:
-            raise _lost(job_id, expected, f"move it to {to}")
-        job = Job.objects.get(pk=job_id)
-        record(actor=actor, action=f"job.{to}", subject=_subject(job), request_id=request_id,
-               payload={"plan_hash": job.plan_hash, **(payload or {})},
-               before={"status": expected}, after={"status": to})
-        _publish_on_commit(job)
-    return job
-
-
-def _lost(job_id: int, expected: str, doing: str) -> JobError:
-    current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
-    if current is None:
-        return JobNotFound(f"no job {job_id}")
-    finished = " and has finished" if current in TERMINAL else ""
-    return Conflict(f"job {job_id} is {current}{finished}, not {expected}: cannot {doing}")
-
-
-def _publish_on_commit(job: Job) -> None:
-    transaction.on_commit(partial(_publish_id, job.pk), robust=True)
-
-
-def _publish_id(job_id: int) -> None:
-    job = Job.objects.filter(pk=job_id).first()  # the committed state, not the one this code last saw
-    if job is not None:
-        publish_job_update(job)
-
-
-def _require(user, role: str, doing: str) -> None:
-    if not has_role(user, role):
-        name = user.get_username() if getattr(user, "is_authenticated", False) else "an anonymous user"
-        raise NotAllowed(f"{doing} needs the {role} role, which {name} does not have")
-
-
-def _job_id(job: Job | int) -> int:
-    if isinstance(job, Job):
-        return job.pk
-    if isinstance(job, bool) or not isinstance(job, int | str):
-        raise JobNotFound(f"no job {job!r:.40}")
-    try:
-        return int(job)
-    except ValueError:
-        raise JobNotFound(f"no job {job!r:.40}") from None
-
-
-def _get(job: Job | int) -> Job:
-    found = Job.objects.filter(pk=_job_id(job)).first()
-    if found is None:
-        raise JobNotFound(f"no job {job!r:.40}")
-    return found
-
-
-def _subject(job: Job) -> str:
-    return f"job:{job.pk}"
-
-
-def _pool(figures: object) -> int | None:
-    return figures.get("pool_tokens") if isinstance(figures, dict) else None
-
-
-def _carried_request_id(request_id: str | None) -> str:
-    """The id the worker's events will carry: the request that queued the job, else a fresh one."""
-    for candidate in (request_id, current_request_id()):
-        if is_sane_request_id(candidate):
-            return candidate
-    return str(uuid.uuid4())
+    return transition(job_id_of(job), JobStatus.PROPOSED, JobStatus.REJECTED, actor=user, request_id=request_id,
+                      payload={"reason": reason}, error=error, finished_at=timezone.now())

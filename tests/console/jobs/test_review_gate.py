@@ -9,7 +9,7 @@ from django.utils import timezone
 from job_helpers import actions, at_once, move_engine
 
 from console.audit.errors import AuditWriteRefused
-from console.jobs import services
+from console.jobs import services, transitions
 from console.jobs.errors import Conflict, NotAllowed
 from console.jobs.models import Approval, Job
 
@@ -171,14 +171,14 @@ def test_the_proposer_cancels_their_own_job_before_it_runs(propose_cut, operator
 
 def test_a_failed_audit_write_rolls_the_approval_back(propose_cut, reviewer, monkeypatch):
     job = propose_cut()
-    real = services.record
+    real = transitions.record  # every transition's audit write
 
     def record(**event):
         if event["action"] == "job.queued":
             raise AuditWriteRefused("the audit trail is down")
         return real(**event)
 
-    monkeypatch.setattr(services, "record", record)
+    monkeypatch.setattr(transitions, "record", record)
     with pytest.raises(AuditWriteRefused):
         services.approve(reviewer, job)
     job.refresh_from_db()
