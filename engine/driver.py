@@ -33,6 +33,7 @@ from engine.sequence import Sequence
 from engine.telemetry_snapshot import build_snapshot
 from engine.text import CheckpointText
 from solvers.capacity import CutPricer, PoolResult
+from solvers.frontier import default_timing
 from solvers.ladder import Ladder, price_ladder, switch_cost_s
 from solvers.rig import Rig
 from solvers.serving import ServingShape
@@ -112,7 +113,9 @@ class PipelineDriver:
         """The armed ladder priced at `shape` (default: the current one), or None when none is armed."""
         if not self.rungs:
             return None
-        return price_ladder(self.census, self.rig, self.rungs, shape or self.shape)
+        # Rung speeds come from the rig's stage times, rescaled per layer when its incumbent is for another depth.
+        timing = default_timing(self.rig, self.rig.incumbent_for(self.config.num_layers)[0], [])
+        return price_ladder(self.census, self.rig, self.rungs, shape or self.shape, timing=timing)
 
     def layouts(self, cut: tuple[int, ...], shape: ServingShape) -> tuple[PoolResult, list[RankLayout]]:
         ladder = self.ladder(shape)

@@ -12,13 +12,19 @@ import torch
 import torch.distributed as dist
 
 RENDEZVOUS_S = 600.0
+# How long a rank waits for its peer's activations before it reports the pipeline broken. On a GPU a rank's first
+# steps compile kernels while the next rank waits (Triton's JIT, fla's autotuning; on the H200 rig a compile inside a
+# step outlasted 30 s). A dead peer is still seen at once: the driver watches every rank's process.
+STEP_TIMEOUT_S = {"cpu": 30.0, "cuda": 300.0}
 _staged = False  # set by init_group: activations cross through host memory (gloo between ranks of one GPU)
 
 
-def init_group(rank: int, world: int, init_method: str, device: torch.device, timeout_s: float = 30.0,
+def init_group(rank: int, world: int, init_method: str, device: torch.device, timeout_s: float | None = None,
                shared_device: bool = False) -> None:
-    """Join the ranks' process group; a dead peer surfaces as an error after `timeout_s`, not a hang."""
+    """Join the ranks' process group; a silent peer surfaces as an error after `timeout_s` (default: STEP_TIMEOUT_S
+    for the device type), not a hang."""
     global _staged
+    timeout_s = STEP_TIMEOUT_S[device.type] if timeout_s is None else timeout_s
     _staged = device.type == "cuda" and shared_device
     backend = "nccl" if device.type == "cuda" and not shared_device else "gloo"
     # The rendezvous waits longer than a step may: rank processes on one card create their CUDA contexts one after

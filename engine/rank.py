@@ -94,6 +94,8 @@ class RankWorker:
         if self.die_in_reconfiguration and self.builds > 0:
             os._exit(17)  # fault injection: this rank dies in the middle of an operation
         layers = layout.layer_range(self.rank)
+        if self.device.type == "cuda":  # the build's own peak is reported: a transition must fit the cap too
+            torch.cuda.reset_peak_memory_stats(self.device)
         model = build_model(self.config, layers.start, layers.stop, device="meta")
         switch_s = None
         if layout.rung:
@@ -120,6 +122,8 @@ class RankWorker:
         measured["loaded_layers"] = loaded
         measured["switch_s"] = switch_s
         measured["copy_s"] = self.copy_s if layout.rung else None
+        if self.device.type == "cuda":
+            measured["device_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
         return measured
 
     def _pools(self, layers: range, layout: RankLayout, device: torch.device | str) -> tuple[KVPool, StatePool]:
@@ -158,6 +162,7 @@ class RankWorker:
             setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(view, requires_grad=False))
             offset += entry.nbytes
         model.tie_weights()
+        self.reserve = None  # released before its successor is allocated, like the pools
         self.reserve = torch.empty(layout.state_reserve_bytes, dtype=torch.uint8, device=self.device)
         return list(model.layer_range), switch_s
 
