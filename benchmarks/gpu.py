@@ -72,12 +72,18 @@ def in_fresh_process(function, *args):
         return pool.submit(function, *args).result()
 
 
-def run_tests(out: Path) -> dict:
+def run_tests(out: Path, timeout_s: float) -> dict:
+    """The GPU path tests, their log kept whole; cut off after `timeout_s` so the bench after them still runs."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "tests/engine/test_gpu_paths.py", "-q", "-rs",
-                           "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
-    (out / "gpu_tests.log").write_text(done.stdout + done.stderr)
-    return {"returncode": done.returncode, "summary": done.stdout.strip().splitlines()[-1:],
+    command = [sys.executable, "-m", "pytest", "tests/engine/test_gpu_paths.py", "-q", "-rs", "-p", "no:cacheprovider"]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        log, returncode = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as expired:  # its output comes as bytes even in text mode
+        parts = [part.decode() if isinstance(part, bytes) else part for part in (expired.stdout, expired.stderr)]
+        log, returncode = "".join(part or "" for part in parts) + f"\ncut off after {timeout_s:.0f} s", None
+    (out / "gpu_tests.log").write_text(log)
+    return {"returncode": returncode, "summary": log.strip().splitlines()[-1:],
             "seconds": time.perf_counter() - started}
 
 
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--toy", action="store_true", help="toy model and sizes (a CPU check of this script)")
     parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/seam-bench-ckpt"))
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--tests-timeout-s", type=float, default=300.0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     toy = args.toy or args.device == "cpu"
@@ -107,7 +114,7 @@ def main() -> None:
         result["fla"] = None
     save = lambda: (args.out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))  # noqa: E731
     if not args.skip_tests:
-        result["tests"] = run_tests(args.out)
+        result["tests"] = run_tests(args.out, args.tests_timeout_s)
         save()
         print("tests:", result["tests"], flush=True)
     result["copy"] = copy_bandwidth(args.device, 0.0625 if toy else 4.0)

@@ -1,19 +1,24 @@
-"""The reference rig at full size on one H200: predicted vs measured per rank, live cut and shape changes under load,
-and a ladder switch against its predicted cost. One device call; everything goes to one JSON file.
+"""The reference rig at full size on one H200 (issue 7, item 3, and the ladder switch of item 4), in one device call.
 
-    python benchmarks/rig_h200.py --out $OUT                       # reference-h200 rig, reference-hybrid-64 (~53 GB)
-    python benchmarks/rig_h200.py --out /tmp/x --device cpu        # the same script at toy size, on a CPU
+    python3 benchmarks/rig_h200.py --out $OUT                     # reference-h200, reference-hybrid-64 (~57 GB)
+    python benchmarks/rig_h200.py --toy --device cpu --out /tmp/x # the same steps at toy size on a CPU (the tests)
 
-The checkpoint is random and never written to disk: HostImage.random fills the shared host image in place.
+Steps, each guarded by its own time budget (a failure or timeout is recorded and the run goes on; the whole run
+stays inside --budget-s, and a watchdog writes the record and exits if it does not): the host-to-device copy rate;
+the random checkpoint made in place in shared host memory (HostImage.random, never on disk); the engine refusing to
+start at the planner's refused cuts; the incumbent started, warmed up, compared per rank; the refused cuts refused
+by the engine's plan and apply; live cut changes under load, back to the incumbent, and a shape change under load,
+each compared per rank and every request accounted for; then a two-rung ladder on a smaller model, each switch timed
+against its predicted cost. Everything goes to <out>/rig_h200.json, the log to <out>/rig_h200.log.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import shutil
+import platform
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,223 +28,176 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks import rig_engine  # noqa: E402
+from benchmarks.rig_load import Load  # noqa: E402
+from benchmarks.rig_steps import Record, Steps, arm_watchdog, setup_logging  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
-from engine.driver import PipelineDriver  # noqa: E402
 from engine.host_image import HostImage  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
-from solvers.ladder import price_ladder, switch_cost_s  # noqa: E402
-from solvers.rig import load_rig  # noqa: E402
+from engine.reconfig import host_ram_available  # noqa: E402
+from solvers.census import CONFIG_DIR  # noqa: E402
+from solvers.frontier import compute_frontier  # noqa: E402
+from solvers.rig import Rig, load_rig  # noqa: E402
 
-FULL = {"config": "reference-hybrid-64", "rig": "reference-h200", "incumbent": [28, 20, 16],
-        "moves": [[30, 17, 17], [31, 16, 17], [32, 15, 17], [33, 15, 16]], "refused": [[27, 21, 16], [35, 15, 14]],
-        "shape": {"max_num_seqs": 4, "max_model_len": 65536}, "prompt": 512, "tokens": 24}
-TOY = {"config": "demo-hybrid-16", "rig": "cpu-demo", "incumbent": [7, 5, 4], "moves": [[8, 4, 4], [6, 6, 4]],
-       "refused": [[3, 12, 1]], "shape": {"max_num_seqs": 6}, "prompt": 16, "tokens": 6}
+# Moves: frontier cuts of the planner, the first one the change that ran out of memory on 2026-12-02, the last one
+# back to the incumbent. Refused: a pool too small for one sequence, and a rank over its budget (two reasons).
+FULL = {"config": "reference-hybrid-64", "overrides": {}, "rig": "reference-h200", "incumbent": [28, 20, 16],
+        "moves": [[30, 17, 17], [31, 16, 17], [32, 15, 17], [33, 15, 16], [28, 20, 16]],
+        "refused": [[27, 21, 16], [26, 22, 16]], "shape": {"max_num_seqs": 4, "max_model_len": 65536},
+        "prompt": 512, "tokens": 24, "width": 4,
+        # two rung images of the full model would not fit the host's RAM: the bench model's size (48 layers)
+        "ladder": {"overrides": {"num_hidden_layers": 48, "num_experts": 32}, "rungs": [[16, 16, 16], [18, 15, 15]]},
+        # seconds a step may take, and what it usually needs (2026-12-02: image 23 s, start 94 s)
+        "budgets": {"h2d": 40, "image": 120, "refused_at_start": 30, "start": 300, "warmup": 240,
+                    "refused_by_engine": 30, "move": 120, "shape": 120, "shutdown": 60, "ladder": 240},
+        "needs": {"warmup": 60, "move": 30, "shape": 30, "shutdown": 15, "ladder": 120}}
+# The same steps on the CPU demo rig: [7,5,4] -> [8,4,4] grows rank 1's pool past what its budget could hold beside
+# the old one, the case that ran out of memory on the H200; the ladder model has another depth than the rig's incumbent.
+TOY = {"config": "demo-hybrid-16", "overrides": {}, "rig": "cpu-demo", "incumbent": [7, 5, 4],
+       "moves": [[8, 4, 4], [9, 3, 4], [7, 5, 4]], "refused": [[3, 12, 1], [1, 1, 14]],
+       "shape": {"max_num_seqs": 4, "max_model_len": 4096}, "prompt": 16, "tokens": 6, "width": 4,
+       "ladder": {"overrides": {"num_hidden_layers": 12}, "rungs": [[5, 4, 3], [6, 3, 3]]},
+       "budgets": {"h2d": 40, "image": 60, "refused_at_start": 30, "start": 120, "warmup": 120,
+                   "refused_by_engine": 30, "move": 90, "shape": 90, "shutdown": 60, "ladder": 180},
+       "needs": {"warmup": 10, "move": 5, "shape": 5, "shutdown": 5, "ladder": 20}}
 
 
-def write_config(name: str, folder: Path) -> Path:
-    config = json.loads((ROOT / "solvers/configs" / f"{name}.json").read_text())
+def write_config(name: str, overrides: dict, folder: Path) -> Path:
+    config = json.loads((CONFIG_DIR / f"{name}.json").read_text())
     config.pop("_comment", None)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps({**config, **overrides}))
     return folder
 
 
-class Load:
-    """Keeps `width` requests in flight from a thread, in waves; counts what finished and what failed. Paused, it
-    lets its wave finish and submits nothing until resumed (the probe talks to the ranks only while they idle)."""
-
-    def __init__(self, driver: PipelineDriver, prompt: int, tokens: int, width: int = 4):
-        self.driver, self.prompt, self.tokens, self.width = driver, prompt, tokens, width
-        self.finished, self.failed, self.stop = 0, [], threading.Event()
-        self.running, self.idle = threading.Event(), threading.Event()
-        self.running.set()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def pause(self) -> None:
-        self.running.clear()
-        self.idle.wait()
-
-    def resume(self) -> None:
-        self.idle.clear()
-        self.running.set()
-
-    def _run(self) -> None:
-        vocab = self.driver.config.vocab_size
-        generator = torch.Generator().manual_seed(0)
-        while not self.stop.is_set():
-            if not self.running.is_set():
-                self.idle.set()
-                self.running.wait(0.1)
-                continue
-            handles = [self.driver.submit(torch.randint(0, vocab, (self.prompt,), generator=generator).tolist(),
-                                          SamplingParams(max_tokens=self.tokens, ignore_eos=True))
-                       for _ in range(self.width)]
-            for handle in handles:
-                if not handle.wait(timeout=600):
-                    self.failed.append("no answer in 600 s")
-                elif handle.error:
-                    self.failed.append(handle.error)
-                else:
-                    self.finished += 1
-
-    def close(self) -> dict:
-        self.running.set()
-        self.stop.set()
-        self.thread.join(timeout=900)
-        return {"finished": self.finished, "failed": self.failed}
-
-
-def per_rank(driver: PipelineDriver) -> list[dict]:
-    """The planner's row beside what the rank measured, for every rank of the current layout."""
-    return [{"predicted": row, "measured": measured}
-            for row, measured in zip(driver.prediction.table(), driver.measured, strict=True)]
-
-
-def probe(driver: PipelineDriver) -> list[dict | None]:
-    """How much more each capped rank's allocator would really hand out, beside the planner's slack."""
-    chunk = 64 << 20
-    return driver.call_all("probe", [chunk] * driver.rig.size)
-
-
-def wait(driver: PipelineDriver, op_id: str) -> dict:
-    while (op := driver.operation(op_id))["phase"] != "done" or driver.phase not in ("serving", "broken"):
-        time.sleep(0.2)  # the op reads done a moment before the engine is serving again
-    return op
-
-
-def move(driver: PipelineDriver, kind: str, target: dict, load: Load | None = None) -> dict:
-    started = time.perf_counter()
-    planned = driver.plan({"kind": kind, "target": target, "incumbent_fingerprint": driver.fingerprint()})
-    if not planned["feasible"]:
-        return {"kind": kind, "target": target, "feasible": False, "reasons": planned["reasons"],
-                "predicted": planned["plan"]["predicted"]}
-    op = wait(driver, driver.apply(planned["plan"], planned["plan_hash"]))
-    seconds = time.perf_counter() - started
-    if load is not None:
-        load.pause()
-    probes = probe(driver)
-    if load is not None:
-        load.resume()
-    return {"kind": kind, "target": target, "feasible": True, "seconds": seconds, "status": op["status"],
-            "error": op["error"], "predicted": op["predicted"], "measured": op["measured"], "ranks": per_rank(driver),
-            "probe": probes}
-
-
-def rig_run(case: dict, folder: Path, device: str, out: dict, save) -> dict:
-    rig = load_rig(case["rig"])
+def rig_for(name: str, device: str) -> Rig:
+    rig = load_rig(name)
     if device == "cpu":
         rig = replace(rig, ranks=tuple(replace(spec, device="cpu") for spec in rig.ranks))
-    config = ModelConfig.from_pretrained(folder)
-    started = time.perf_counter()
-    image = HostImage.random(config)
-    out.update(image_bytes=image.bytes, image_s=time.perf_counter() - started, rig=case["rig"])
-    started = time.perf_counter()
-    driver = PipelineDriver(folder, rig, cut=tuple(case["incumbent"]), image=image)
-    out["start_s"] = time.perf_counter() - started
-    out["shared_device"] = driver.shared_device
-    out["cuts"] = [{"kind": "start", "target": {"cut": case["incumbent"]}, "feasible": True, "status": "succeeded",
-                    "predicted": {"pool_tokens": driver.prediction.pool_tokens,
-                                  "binding_rank": driver.prediction.binding_rank},
-                    "ranks": per_rank(driver), "probe": probe(driver)}]
-    print("started", out["start_s"], flush=True)
-    save()
-    load = Load(driver, case["prompt"], case["tokens"])
+    return rig
+
+
+def environment(device: str) -> dict:
+    facts = {"torch": torch.__version__, "python": platform.python_version(), "device": device,
+             "host_ram_available": host_ram_available()}
+    if device == "cuda":
+        facts["card"] = torch.cuda.get_device_name()
+        facts["total_memory"] = torch.cuda.get_device_properties(0).total_memory
     try:
-        for cut in case["moves"] + case["refused"]:
-            out["cuts"].append(move(driver, "cut", {"cut": cut}, load))
-            save()
-            print("cut", cut, out["cuts"][-1].get("status"), out["cuts"][-1].get("seconds"), flush=True)
-        out["shape"] = move(driver, "shape", case["shape"], load)
-        print("shape", out["shape"].get("status"), flush=True)
-        time.sleep(2)
-        out["snapshot"] = driver.snapshot()
-    finally:
-        out["load"] = load.close()
-        driver.shutdown()
-    return out
+        import fla
+
+        facts["fla"] = fla.__version__
+    except ImportError:
+        facts["fla"] = None
+    return facts
 
 
-def ladder_run(case: dict, folder: Path, device: str) -> dict:
-    """A ladder move on the same rig (a smaller model: two rung images of the full one would not fit host RAM)."""
-    rig = load_rig(case["rig"])
-    if device == "cpu":
-        rig = replace(rig, ranks=tuple(replace(spec, device="cpu") for spec in rig.ranks))
-    config = ModelConfig.from_pretrained(folder)
-    rungs = [tuple(case["ladder"][0]), tuple(case["ladder"][1])]
-    image = HostImage.random(config, rungs=rungs)
-    driver = PipelineDriver(folder, rig, cut=rungs[0], ladder=rungs, image=image)
-    try:
-        ladder = price_ladder(config.census, rig, rungs, driver.shape)
-        result = move(driver, "ladder", {"rung": list(rungs[1])})
-        result["predicted_switch_cost_s"] = switch_cost_s(ladder, rungs[1])
-        result["image_bytes"] = list(ladder.image_bytes)
-        back = move(driver, "ladder", {"rung": list(rungs[0])})
-        result["back"] = {key: back.get(key) for key in ("status", "seconds", "measured")}
-    finally:
-        driver.shutdown()
-    return result
-
-
-def h2d_bandwidth(gib: float) -> dict:
-    """Host (shared, unpinned, like the image) to device copy: the link the ladder's switch really uses."""
-    host = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(int(gib * 2**30)))
-    host.fill_(1)
-    device = torch.empty_like(host, device="cuda")
-    times = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        device.copy_(host)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return {"bytes": host.numel(), "median_s": sorted(times)[2], "bytes_per_s": host.numel() / sorted(times)[2]}
+def frontier_cuts(folder: Path, rig: Rig) -> list[list[int]]:
+    return [list(point.cut) for point in compute_frontier(ModelConfig.from_pretrained(folder).census, rig).points]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--skip-ladder", action="store_true")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--toy", action="store_true", help="the CPU demo rig and model (a check of this script)")
+    parser.add_argument("--budget-s", type=float, default=510.0, help="the whole run's time budget")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/seam-rig"), help="where the configs are written")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    case = TOY if args.device == "cpu" else FULL
-    work = Path("/tmp/seam-rig")
-    shutil.rmtree(work, ignore_errors=True)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv, "case": case}
-    save = lambda: (args.out / "rig_h200.json").write_text(json.dumps(result, indent=1, default=str))  # noqa: E731
+    setup_logging(args.out / "rig_h200.log")
+    case = TOY if args.toy else FULL
+    record = Record(args.out / "rig_h200.json", {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv, "case": case,
+        "environment": environment(args.device), "budget_s": args.budget_s})
+    live: list = []  # the drivers running now: the watchdog stops their ranks
+    arm_watchdog(record, args.budget_s + 30, lambda: [p.kill() for d in live for p in d.processes])
+    steps = Steps(record, args.budget_s)
+    run_rig(case, args, record, steps, live)
+    run_ladder(case, args, record, steps, live)
+    record.data["summary"] = summary(record.data)
+    record.save()
+    print(json.dumps(record.data["summary"], indent=1, default=str), flush=True)
+
+
+def run_rig(case: dict, args, record: Record, steps: Steps, live: list) -> None:
+    data, budgets, needs = record.data, case["budgets"], case["needs"]
+    ladder_reserve = needs["ladder"] + needs["shutdown"]  # the rig's steps leave the ladder the time it needs
     if args.device == "cuda":
-        result["h2d"] = h2d_bandwidth(4.0)
-    result["rig"] = {}
-    rig_run(case, write_config(case["config"], work / case["config"]), args.device, result["rig"], save)
-    save()
-    if not args.skip_ladder:
-        small = {**case, "ladder": [[16, 16, 16], [18, 15, 15]] if args.device == "cuda" else [[7, 5, 4], [8, 4, 4]]}
-        name = "reference-hybrid-48" if args.device == "cuda" else case["config"]
-        folder = write_config(case["config"], work / name)
-        if args.device == "cuda":  # the bench model's size: 48 layers, 32 experts
-            data = json.loads((folder / "config.json").read_text())
-            (folder / "config.json").write_text(json.dumps({**data, "num_hidden_layers": 48, "num_experts": 32}))
-        result["ladder"] = ladder_run(small, folder, args.device)
-        save()
-    print(json.dumps(summary(result), indent=1))
+        data["h2d"] = steps.run("h2d", budgets["h2d"], rig_engine.h2d_bandwidth, 4.0, engine=False)
+    folder = write_config(case["config"], case["overrides"], args.work / case["config"])
+    rig = rig_for(case["rig"], args.device)
+    data["frontier"] = frontier_cuts(folder, rig)
+    config = ModelConfig.from_pretrained(folder)
+    image = steps.run("image", budgets["image"], HostImage.random, config, engine=False)
+    data["image"] = {"bytes": image.bytes if image else None, "seconds": data["steps"]["image"].get("seconds")}
+    data["refused_at_start"] = []
+    steps.run("refused_at_start", budgets["refused_at_start"], rig_engine.refused_at_start, folder, rig,
+              case["refused"], image, data["refused_at_start"], engine=False)
+    data["start"] = {}
+    driver = steps.run("start", budgets["start"], rig_engine.start, folder, rig, case["incumbent"], image,
+                       data["start"], live, skip=None if image else "no host image")
+    down = None if driver else "the engine did not start"
+    data["warmup"] = {}
+    steps.run("warmup", budgets["warmup"], rig_engine.warmup, driver, case["prompt"], case["tokens"], case["width"],
+              data["warmup"], skip=down, need_s=needs["warmup"], reserve_s=ladder_reserve)
+    data["refused_by_engine"] = []
+    steps.run("refused_by_engine", budgets["refused_by_engine"], rig_engine.refused_by_engine, driver,
+              case["refused"], data["refused_by_engine"], skip=down)
+    load = Load(driver, case["prompt"], case["tokens"], case["width"]) if driver else None
+    data["cuts"] = []
+    for cut in case["moves"]:
+        entry = {"on_frontier": cut in data["frontier"]}
+        data["cuts"].append(entry)
+        steps.run("cut " + ",".join(map(str, cut)), budgets["move"], rig_engine.change, driver, "cut", {"cut": cut},
+                  load, budgets["move"] - 5, entry, skip=down, need_s=needs["move"], reserve_s=ladder_reserve)
+    data["shape"] = {}
+    steps.run("shape", budgets["shape"], rig_engine.change, driver, "shape", case["shape"], load,
+              budgets["shape"] - 5, data["shape"], skip=down, need_s=needs["shape"], reserve_s=ladder_reserve)
+    if driver is not None:
+        data["snapshot_phase"] = driver.phase
+        steps.run("shutdown", budgets["shutdown"], stop_rig, driver, load, data, live, engine=False,
+                  need_s=needs["shutdown"])
+    del driver, image, load
+    gc.collect()  # the full image (57 GB) goes before the ladder's is made
 
 
-def summary(result: dict) -> dict:
+def stop_rig(driver, load: Load, data: dict, live: list) -> None:
+    data["load"] = load.close()
+    for entry in [*data["cuts"], data["shape"]]:
+        if "in_flight_at_apply" in entry:
+            entry["in_flight_outcomes"] = load.outcomes(entry["in_flight_at_apply"])
+    driver.shutdown()
+    live.remove(driver)
+
+
+def run_ladder(case: dict, args, record: Record, steps: Steps, live: list) -> None:
+    data, ladder = record.data, case["ladder"]
+    folder = write_config(case["config"], ladder["overrides"], args.work / (case["config"] + "-ladder"))
+    data["ladder"] = {"host_ram_available": host_ram_available()}
+    steps.run("ladder", case["budgets"]["ladder"], rig_engine.ladder_switch, folder, rig_for(case["rig"], args.device),
+              ladder["rungs"], data.get("h2d"), data["ladder"], live, engine=False, need_s=case["needs"]["ladder"])
+
+
+def summary(data: dict) -> dict:
+    """The figures the docs table: one row per cut, the refusals, the requests, the ladder."""
     rows = []
-    for item in result["rig"]["cuts"]:
-        measured, probes = item.get("measured") or {}, item.get("probe") or []
-        rows.append({"target": item["target"], "status": item.get("status"), "feasible": item["feasible"],
-                     "pool_predicted": (item.get("predicted") or {}).get("pool_tokens"),
-                     "binding_predicted": (item.get("predicted") or {}).get("binding_rank"),
-                     "pool_measured": measured.get("pool_tokens"), "binding_measured": measured.get("binding_rank"),
-                     "probe_headroom_gib": [p and round(p["headroom_bytes"] / 2**30, 2) for p in probes],
-                     "reasons": item.get("reasons")})
-    ladder = result.get("ladder") or {}
-    return {"cuts": rows, "load": result["rig"]["load"], "shape": result["rig"].get("shape", {}).get("status"),
-            "ladder": {key: ladder.get(key) for key in ("status", "seconds", "predicted_switch_cost_s")}
-            | {"measured_switch": (ladder.get("measured") or {}).get("switch_s")}}
+    start = data.get("start") or {}
+    for entry in [{"target": {"cut": start.get("cut")}, "status": "started", **start}, *data.get("cuts", [])]:
+        compared = entry.get("compare") or {}
+        rows.append({"cut": (entry.get("target") or {}).get("cut"), "status": entry.get("status"),
+                     "seconds": entry.get("seconds"), "pool": compared.get("pool_tokens"),
+                     "binding": compared.get("binding_rank"), "exact": compared.get("exact"),
+                     "error": entry.get("error")})
+    ladder = data.get("ladder") or {}
+    return {"steps": {name: step["status"] for name, step in data.get("steps", {}).items()}, "cuts": rows,
+            "refused_at_start": [(r["cut"], r.get("agree")) for r in data.get("refused_at_start", [])],
+            "refused_by_engine": [(r["cut"], r.get("agree")) for r in data.get("refused_by_engine", [])],
+            "shape": (data.get("shape") or {}).get("status"),
+            "load": {k: v for k, v in (data.get("load") or {}).items() if k != "requests"},
+            "ladder": {name: {k: (ladder.get(name) or {}).get(k) for k in
+                              ("status", "seconds", "switch_s", "predicted_switch_cost_s", "switch_vs_predicted")}
+                       for name in ("up", "back")} | {"predicted_at_measured_h2d_s":
+                                                       ladder.get("predicted_at_measured_h2d_s")}}
 
 
 if __name__ == "__main__":

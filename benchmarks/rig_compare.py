@@ -1,0 +1,106 @@
+"""The planner's prediction beside what each rank really allocated, rank by rank.
+
+Pool tokens, weights and state are compared exactly (the engine's own verification). On CUDA the real overhead of a
+rank (NVML's figure for its process minus what it holds resident) replaces the rig file's overhead in the planner's
+own row, and the planner's own arithmetic then says how many tokens the rank could really hold and which rank would
+really bind: the real pool against the predicted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from solvers.capacity import PoolResult
+from solvers.census import ModelCensus
+
+
+def resident_bytes(measured: dict) -> int:
+    return (measured["weights_bytes"] + measured["arena_bytes"] + measured["kv_pool_bytes"]
+            + measured["state_pool_bytes"])
+
+
+def real_overhead(overhead: int, measured: dict) -> tuple[int, str]:
+    """What the rank really spends beyond what it holds resident: NVML's process figure on CUDA, else the rig's."""
+    process = measured.get("process_used_bytes")
+    if process is None:
+        return overhead, "the rig's overhead (no device reading)"
+    return process - resident_bytes(measured), "NVML process memory - resident weights, pools and arena"
+
+
+def compare(prediction: PoolResult, measured: list[dict], probes: list | None = None) -> dict:
+    """Predicted vs allocated per rank, and the pool and binding rank the real figures give."""
+    rows, allowed_real = [], {}
+    for budget, got, probe in zip(prediction.ranks, measured, probes or [None] * len(measured), strict=True):
+        overhead, source = real_overhead(budget.overhead_bytes, got)
+        real = replace(budget, overhead_bytes=overhead)
+        if budget.attention_layers:
+            allowed_real[budget.rank] = real.allowed_tokens
+        row = {
+            "rank": budget.rank, "layers": list(budget.layers), "budget": budget.budget_bytes,
+            "binding_predicted": budget.rank == prediction.binding_rank,
+            "pool_tokens": {"predicted": prediction.pool_tokens if budget.attention_layers else 0,
+                            "allocated": got["kv_pool_tokens"]},
+            "weights": {"predicted": budget.weights_bytes, "allocated": got["weights_bytes"]},
+            "state": {"predicted": budget.state_bytes, "allocated": got["state_pool_bytes"]},
+            "kv_bytes": {"predicted": (prediction.pool_tokens or 0) * budget.cell_bytes,
+                         "allocated": got["kv_pool_bytes"]},
+            "overhead": {"rig": budget.overhead_bytes, "real": overhead, "source": source},
+            "allowed_tokens": {"predicted": budget.allowed_tokens, "real": real.allowed_tokens},
+        }
+        if "device_allocated_bytes" in got:
+            row["cuda"] = cuda_terms(budget.budget_bytes, got, probe)
+        rows.append(row)
+    real_pool = min(allowed_real.values()) if allowed_real else None
+    real_binding = min(allowed_real, key=lambda rank: (allowed_real[rank], rank)) if allowed_real else None
+    predicted = prediction.pool_tokens
+    return {
+        "pool_tokens": {"predicted": predicted, "allocated": measured_pool(measured), "real_capacity": real_pool,
+                        "real_vs_predicted": None if not predicted or real_pool is None else
+                        round(real_pool / predicted - 1, 6)},
+        "binding_rank": {"predicted": prediction.binding_rank, "real": real_binding},
+        "exact": all(r[key]["predicted"] == r[key]["allocated"] for r in rows
+                     for key in ("pool_tokens", "weights", "state", "kv_bytes")),
+        "ranks": rows,
+    }
+
+
+def measured_pool(measured: list[dict]) -> int | None:
+    holding = [m["kv_pool_tokens"] for m in measured if m["attention_layers"]]
+    return min(holding) if holding else None
+
+
+def cuda_terms(budget: int, got: dict, probe: dict | None) -> dict:
+    """The real figures, term by term: allocator rounding, allocator slack, CUDA context, what is really free."""
+    allocated, reserved = got["device_allocated_bytes"], got["device_reserved_bytes"]
+    process = got.get("process_used_bytes")
+    terms = {"allocated": allocated, "reserved": reserved, "process_used": process,
+             "allocated_minus_resident": allocated - resident_bytes(got),
+             "reserved_minus_allocated": reserved - allocated,
+             "context": None if process is None else process - reserved,
+             "real_free": None if process is None else budget - process,
+             "peak_allocated_during_build": got.get("device_peak_allocated_bytes"),
+             "nvml_error": got.get("nvml_error")}
+    if isinstance(probe, dict):
+        terms["probe_headroom"] = probe["headroom_bytes"]
+    elif probe is not None:
+        terms["probe_headroom"] = None
+        terms["probe_note"] = str(probe)
+    return terms
+
+
+def transition(census: ModelCensus, before: PoolResult, after: PoolResult) -> list[dict]:
+    """Per rank, the most a rebuild holds at once, against the rank's budget. A rebuild keeps its old layers until
+    the end and loads the layers it gains while the old pools are still held; then the old pools go and the new
+    ones are allocated. Keeping the old pools beside the new (how the H200 rig ran out of memory) would hold more."""
+    rows = []
+    for old, new in zip(before.ranks, after.ranks, strict=True):
+        gained = sum(census.layer_weight_bytes(i) for i in set(range(*new.layers)) - set(range(*old.layers)))
+        old_pools = (before.pool_tokens or 0) * old.cell_bytes + old.state_bytes
+        new_pools = (after.pool_tokens or 0) * new.cell_bytes + new.state_bytes
+        weights = old.weights_bytes + gained
+        allocatable = old.budget_bytes - old.overhead_bytes
+        rows.append({"rank": old.rank, "allocatable": allocatable, "old_weights_plus_gained": weights,
+                     "old_pools": old_pools, "new_pools": new_pools, "peak": weights + max(old_pools, new_pools),
+                     "peak_holding_both": weights + old_pools + new_pools,
+                     "both_would_not_fit": weights + old_pools + new_pools > allocatable})
+    return rows

@@ -1,0 +1,191 @@
+"""The device scripts at toy size on the CPU: what proves a GPU session's one call will not die on a Python error.
+
+benchmarks/rig_h200.py runs every step of the full-size rig run on the CPU demo rig (the same engine paths: start,
+refusals, live cut and shape changes under load, a ladder on a model of another depth than the rig's incumbent); a
+rank killed in every reconfiguration shows a failure is recorded and the run goes on; the step guard records
+failures, timeouts and skips. A rank's rebuild is measured (resident memory) to hold the new pools without the old.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import ModelConfig
+from engine.host_image import HostImage
+from engine.rank import RankLayout, RankWorker
+from solvers.capacity import CutPricer
+from solvers.census import CONFIG_DIR
+from solvers.rig import load_rig
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.rig_compare import transition  # noqa: E402
+from benchmarks.rig_steps import Record, Steps  # noqa: E402
+
+
+def run_rig(out: Path, *extra: str, env: dict | None = None, timeout: float = 600) -> dict:
+    done = subprocess.run([sys.executable, "benchmarks/rig_h200.py", "--toy", "--device", "cpu", "--out", str(out),
+                           "--work", str(out / "work"), *extra], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out / "rig_h200.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    return run_rig(tmp_path_factory.mktemp("rig-toy"))
+
+
+@pytest.mark.slow
+def test_every_step_of_the_rig_run_succeeds_at_toy_size(toy_run):
+    steps = toy_run["steps"]
+    assert set(steps) == {"image", "refused_at_start", "start", "warmup", "refused_by_engine", "cut 8,4,4",
+                          "cut 9,3,4", "cut 7,5,4", "shape", "shutdown", "ladder"}
+    assert {name: step["status"] for name, step in steps.items()} == dict.fromkeys(steps, "ok")
+    assert "aborted" not in toy_run and toy_run["summary"]["steps"] == dict.fromkeys(steps, "ok")
+
+
+@pytest.mark.slow
+def test_every_cut_allocates_exactly_the_predicted_pool_and_binds_where_predicted(toy_run):
+    measured = [toy_run["start"], *toy_run["cuts"]]
+    assert [toy_run["start"]["cut"], *(entry["target"]["cut"] for entry in toy_run["cuts"])] == \
+        [[7, 5, 4], [8, 4, 4], [9, 3, 4], [7, 5, 4]]
+    assert [entry["on_frontier"] for entry in toy_run["cuts"]] == [True, True, False]  # two frontier cuts
+    for entry in measured:
+        compared = entry["compare"]
+        assert compared["exact"], compared
+        pool = compared["pool_tokens"]
+        assert pool["predicted"] == pool["allocated"] == pool["real_capacity"] > 0 and pool["real_vs_predicted"] == 0
+        assert compared["binding_rank"]["predicted"] == compared["binding_rank"]["real"]
+        for row in compared["ranks"]:
+            assert row["weights"]["predicted"] == row["weights"]["allocated"] > 0
+            assert row["allowed_tokens"]["predicted"] == row["allowed_tokens"]["real"]
+            assert row["binding_predicted"] == (row["rank"] == compared["binding_rank"]["predicted"])
+    assert [entry["compare"]["pool_tokens"]["predicted"] for entry in measured] == [9136, 17056, 15776, 9136]
+    assert [entry["compare"]["binding_rank"]["predicted"] for entry in measured] == [1, 0, 0, 1]
+
+
+@pytest.mark.slow
+def test_the_refused_cuts_are_refused_by_the_engine_with_the_planners_reasons(toy_run):
+    for refused in (toy_run["refused_at_start"], toy_run["refused_by_engine"]):
+        assert [row["cut"] for row in refused] == [[3, 12, 1], [1, 1, 14]]
+        assert all(row["agree"] and row["planner_reasons"] for row in refused), refused
+    start = {tuple(row["cut"]): row for row in toy_run["refused_at_start"]}
+    assert "cannot hold one sequence" in start[(3, 12, 1)]["engine_error"]
+    assert "cannot clear its arming floor" in start[(1, 1, 14)]["engine_error"]
+    for row in toy_run["refused_by_engine"]:
+        assert row["plan_feasible"] is False and row["apply"]["refused"] and row["apply"]["status"] == 422
+        assert row["plan_reasons"] == row["planner_reasons"]
+
+
+@pytest.mark.slow
+def test_the_cut_change_under_load_grows_a_pool_past_both_and_loses_no_request(toy_run):
+    first = toy_run["cuts"][0]
+    assert first["status"] == "succeeded" and first["engine_phase"] == "serving"
+    # Requests were mid-stream when it was applied; they were preempted, recomputed and finished in full.
+    assert first["streaming_at_apply"] and first["in_flight_at_apply"] and first["preempted"] >= 1
+    assert first["in_flight_outcomes"]["finished"] == first["in_flight_outcomes"]["submitted"] > 0
+    # The H200 case: a rank whose budget cannot hold its old and new pools at once, but holds the new layout.
+    tight = [row for row in first["transition"] if row["both_would_not_fit"]]
+    assert tight and all(row["peak"] <= row["allocatable"] for row in first["transition"])
+    shape = toy_run["shape"]
+    assert shape["status"] == "succeeded" and shape["in_flight_at_apply"] and shape["streaming_at_apply"]
+    assert shape["in_flight_outcomes"]["finished"] == shape["in_flight_outcomes"]["submitted"]
+    load = toy_run["load"]
+    assert load["submitted"] == load["finished"] > 0
+    assert load["refused"] == load["lost"] == load["unsettled"] == 0 and load["finished_short"] == []
+
+
+@pytest.mark.slow
+def test_the_ladder_switch_is_timed_against_its_predicted_cost(toy_run):
+    ladder = toy_run["ladder"]
+    assert ladder["rungs"] == [[5, 4, 3], [6, 3, 3]]  # a 12-layer model on a rig whose incumbent has 16
+    for move in (ladder["up"], ladder["back"]):
+        assert move["status"] == "succeeded" and move["compare"]["exact"]
+        assert move["switch_s"] > 0 and move["predicted_switch_cost_s"] > 0
+        assert move["switch_vs_predicted"] == round(move["switch_s"] / move["predicted_switch_cost_s"], 3)
+        assert all(copy > 0 for copy in move["copy_s"])
+    assert ladder["up"]["compare"]["ranks"][0]["layers"] == [0, 6]
+
+
+@pytest.mark.slow
+def test_a_rank_dying_in_every_change_is_recorded_and_the_run_goes_on(tmp_path):
+    run = run_rig(tmp_path, env={"SEAM_FAULT_DIE_RANK": "1"})
+    assert all(step["status"] == "ok" for step in run["steps"].values())  # each step ran to its end
+    assert [entry["status"] for entry in run["cuts"]] == ["rolled_back"] * 3
+    assert all("died" in entry["error"] and entry["engine_phase"] == "serving" for entry in run["cuts"])
+    assert run["shape"]["status"] == "rolled_back" and run["ladder"]["up"]["status"] == "rolled_back"
+    load = run["load"]
+    assert load["submitted"] == load["finished"] + load["refused"] and load["lost"] == load["unsettled"] == 0
+    assert load["finished_short"] == []
+
+
+def test_the_step_guard_records_failures_timeouts_and_skips(tmp_path):
+    record = Record(tmp_path / "run.json", {})
+    steps = Steps(record, budget_s=60)
+    assert steps.run("fine", 5, lambda: 7) == 7
+    assert steps.run("broken", 5, lambda: 1 / 0) is None
+    release = threading.Event()
+    assert steps.run("stuck", 0.2, release.wait, 30) is None
+    assert steps.run("after", 5, lambda: 1) is None  # the stuck step may still hold the engine
+    assert steps.run("elsewhere", 5, lambda: 2, engine=False) == 2
+    assert steps.run("too long", 120, lambda: 3, engine=False) is None
+    release.set()
+    saved = json.loads((tmp_path / "run.json").read_text())["steps"]
+    assert {name: step["status"] for name, step in saved.items()} == {
+        "fine": "ok", "broken": "failed", "stuck": "timed_out", "after": "skipped", "elsewhere": "ok",
+        "too long": "skipped"}
+    assert saved["broken"]["error"] == "ZeroDivisionError: division by zero"
+    assert "stuck" in saved["after"]["why"] and "time budget" in saved["too long"]["why"]
+
+
+def test_a_run_without_time_left_records_every_step_skipped(tmp_path):
+    started = time.monotonic()
+    run = run_rig(tmp_path, "--budget-s", "1", timeout=120)
+    assert time.monotonic() - started < 60
+    assert {step["status"] for step in run["steps"].values()} == {"skipped"}
+    assert "ladder" in run["steps"] and run["summary"]["cuts"][0]["status"] == "started"
+
+
+def _vm(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's peak-RSS reset")
+def test_a_growing_rebuild_holds_the_new_pools_without_the_old(tmp_path):
+    """Measured, not accounted: the peak resident memory of a rank rebuilding [7,5,4] -> [8,4,4] on a rig whose
+    budget cannot hold the old pools beside the new ones (rank 0's pool grows 1.9x and it gains a layer)."""
+    config = ModelConfig.from_pretrained(CONFIG_DIR / "demo-hybrid-16.json")
+    demo = load_rig("cpu-demo")  # budgets x8: pools of tens of MB stand well above allocator noise
+    rig = replace(demo, ranks=tuple(replace(r, memory_bytes=r.memory_bytes * 8) for r in demo.ranks))
+    before, after = (CutPricer(config.census, rig).price(cut) for cut in ((7, 5, 4), (8, 4, 4)))
+    rank0 = transition(config.census, before, after)[0]
+    assert rank0["both_would_not_fit"] and rank0["peak"] <= rank0["allocatable"]
+    worker = RankWorker(0, 3, config, HostImage.random(config), torch.device("cpu"))
+    worker.build(_layout(before, 0))
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current resident size
+    resident = _vm("VmRSS")
+    worker.build(_layout(after, 0))
+    grew = _vm("VmHWM") - resident
+    gained = rank0["old_weights_plus_gained"] - before.ranks[0].weights_bytes
+    allowance = 4 << 20  # Python objects, module copies, the allocator's own pages
+    assert grew <= gained + max(0, rank0["new_pools"] - rank0["old_pools"]) + allowance
+    assert rank0["old_pools"] > 4 * allowance  # keeping the old pools would have broken the bound above
+
+
+def _layout(prediction, rank: int) -> RankLayout:
+    row = prediction.ranks[rank]
+    return RankLayout(prediction.cut, prediction.pool_tokens, 16, 8, "float32", "float32", row.budget_bytes,
+                      row.overhead_bytes, row.workspace_bytes, row.floor.bytes, row.margin_bytes)
