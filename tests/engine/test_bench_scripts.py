@@ -129,6 +129,26 @@ def test_a_rank_dying_in_every_change_is_recorded_and_the_run_goes_on(tmp_path):
     assert load["finished_short"] == []
 
 
+@pytest.mark.slow
+def test_the_gpu_bench_runs_every_part_at_toy_size(tmp_path):
+    done = subprocess.run([sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--toy", "--tests-timeout-s", "1",
+                           "--out", str(tmp_path), "--checkpoint", str(tmp_path / "checkpoint")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    bench = json.loads((tmp_path / "gpu_bench.json").read_text())
+    # The GPU path tests are cut off at their timeout, said so in their log, and the bench still runs after them.
+    assert bench["tests"]["returncode"] is None and "cut off after 1 s" in (tmp_path / "gpu_tests.log").read_text()
+    assert bench["copy"]["bytes_per_s"] > 0 and bench["checkpoint"]["parameters"] > 0
+    for side in ("engine", "transformers"):
+        rows = bench[side]["rows"]
+        assert [row["batch"] for row in rows] == [1, 2]
+        assert all(row["prefill_tok_s"] > 0 and row["decode_tok_s"] > 0 for row in rows)
+    assert all(isinstance(row["tokens_equal_transformers"], bool) for row in bench["engine"]["rows"])
+    step = bench["engine"]["step"]
+    assert step["total_bytes"] == step["weights_bytes"] + step["state_bytes"] + step["kv_bytes"] > 0
+    assert bench["unfused_step"]["step_s"] > 0 and len(bench["table"]) == 4
+
+
 def test_the_step_guard_records_failures_timeouts_and_skips(tmp_path):
     record = Record(tmp_path / "run.json", {})
     steps = Steps(record, budget_s=60)
