@@ -149,6 +149,44 @@ def test_the_gpu_bench_runs_every_part_at_toy_size(tmp_path):
     assert bench["unfused_step"]["step_s"] > 0 and len(bench["table"]) == 4
 
 
+@pytest.mark.parametrize("size", ["FULL", "TOY"])
+def test_every_planned_step_of_the_run_is_what_the_planner_says(size, tmp_path):
+    """The device run's plan, checked here first: every move and the shape change feasible from where the run
+    makes it, the moves on the planner's frontier, the refused cuts refused for two different reasons, the ladder's
+    rungs feasible on its model (another depth than the rig's incumbent), every step budgeted."""
+    from benchmarks import rig_h200
+    from solvers.frontier import default_timing
+    from solvers.ladder import price_ladder
+    from solvers.plans import build_plan, layout_fingerprint
+
+    case = getattr(rig_h200, size)
+    rig = load_rig(case["rig"])
+    folder = rig_h200.write_config(case["config"], case["overrides"], tmp_path / "model")
+    census = ModelConfig.from_pretrained(folder).census
+    frontier = rig_h200.frontier_cuts(folder, rig)
+    assert all(cut in frontier for cut in case["moves"][:2]) and case["moves"][-1] == case["incumbent"]
+    cut, shape = case["incumbent"], rig.shape
+    for move in case["moves"]:
+        request = {"kind": "cut", "target": {"cut": move}, "incumbent_fingerprint": layout_fingerprint(cut, shape)}
+        assert build_plan(request, census, rig, cut, shape)["feasible"], move
+        cut = move
+    request = {"kind": "shape", "target": case["shape"], "incumbent_fingerprint": layout_fingerprint(cut, shape)}
+    planned = build_plan(request, census, rig, cut, shape)
+    assert planned["feasible"], planned["reasons"]
+    reasons = [CutPricer(census, rig).price(refused).reasons for refused in case["refused"]]
+    assert all(reasons) and "cannot hold one sequence" in reasons[0][0] and "arming floor" in reasons[1][0]
+    ladder_census = ModelConfig.from_pretrained(rig_h200.write_config(
+        case["config"], case["ladder"]["overrides"], tmp_path / "ladder")).census
+    assert sum(rig.incumbent_cut) != ladder_census.num_layers
+    timing = default_timing(rig, rig.incumbent_for(ladder_census.num_layers)[0], [])
+    ladder = price_ladder(ladder_census, rig, case["ladder"]["rungs"], rig.shape, timing=timing)
+    assert all(rung.pool.feasible for rung in ladder.rungs)
+    steps = {"h2d", "image", "refused_at_start", "start", "warmup", "refused_by_engine", "move", "shape", "shutdown",
+             "ladder"}
+    assert set(case["budgets"]) == steps and set(case["needs"]) <= steps
+    assert all(case["needs"][step] < case["budgets"][step] for step in case["needs"])
+
+
 def test_the_step_guard_records_failures_timeouts_and_skips(tmp_path):
     record = Record(tmp_path / "run.json", {})
     steps = Steps(record, budget_s=60)
