@@ -162,12 +162,20 @@ def run_rig(case: dict, args, record: Record, steps: Steps, live: list) -> None:
 
 
 def stop_rig(driver, load: Load, data: dict, live: list) -> None:
-    data["load"] = load.close()
-    for entry in [*data["cuts"], data["shape"]]:
-        if "in_flight_at_apply" in entry:
-            entry["in_flight_outcomes"] = load.outcomes(entry["in_flight_at_apply"])
-    driver.shutdown()
-    live.remove(driver)
+    """Account for every request, then stop the ranks: the ladder's ranks need the card's memory next."""
+    try:
+        data["load"] = load.close(timeout=30.0)
+        for entry in [*data["cuts"], data["shape"]]:
+            if "in_flight_at_apply" in entry:
+                entry["in_flight_outcomes"] = load.outcomes(entry["in_flight_at_apply"])
+    finally:
+        driver.shutdown()
+        # An operation stuck past its step's budget may still be restoring (and restarting ranks): end it too.
+        driver.loop.join(timeout=30.0)
+        for process in driver.processes:
+            if process.is_alive():
+                process.kill()
+        live.remove(driver)
 
 
 def run_ladder(case: dict, args, record: Record, steps: Steps, live: list) -> None:
