@@ -78,7 +78,7 @@ def cuda_terms(budget: int, got: dict, probe: dict | None) -> dict:
              "reserved_minus_allocated": reserved - allocated,
              "context": None if process is None else process - reserved,
              "real_free": None if process is None else budget - process,
-             "peak_allocated_during_build": got.get("device_peak_allocated_bytes"),
+             "peak_allocated_during_build": got.get("build_peak_allocated_bytes"),
              "nvml_error": got.get("nvml_error")}
     if isinstance(probe, dict):
         terms["probe_headroom"] = probe["headroom_bytes"]

@@ -123,7 +123,7 @@ class RankWorker:
         measured["switch_s"] = switch_s
         measured["copy_s"] = self.copy_s if layout.rung else None
         if self.device.type == "cuda":
-            measured["device_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            measured["build_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
         return measured
 
     def _pools(self, layers: range, layout: RankLayout, device: torch.device | str) -> tuple[KVPool, StatePool]:
