@@ -130,6 +130,21 @@ def test_a_rank_dying_in_every_change_is_recorded_and_the_run_goes_on(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_build_failing_on_one_rank_rolls_back_under_load_and_the_next_changes_succeed(tmp_path):
+    """The H200's failure, on the CPU: one rank's build fails mid-change while the others built the new layout (there
+    out of memory, here a corrupted arrival); every rank is rebuilt at the old layout, serving resumes under load,
+    and the next changes go through."""
+    run = run_rig(tmp_path, env={"SEAM_FAULT_CORRUPT_RANK": "0"})
+    first, *rest = run["cuts"]
+    assert first["status"] == "rolled_back" and "checksum mismatch" in first["error"]
+    assert first["engine_phase"] == "serving" and first["previous"]["pool_tokens"] == 9136
+    assert [entry["status"] for entry in rest] == ["succeeded", "succeeded"] and run["shape"]["status"] == "succeeded"
+    assert first["in_flight_outcomes"]["finished"] == first["in_flight_outcomes"]["submitted"] > 0
+    load = run["load"]
+    assert load["submitted"] == load["finished"] > 0 and load["lost"] == load["refused"] == 0
+
+
+@pytest.mark.slow
 def test_the_gpu_bench_runs_every_part_at_toy_size(tmp_path):
     done = subprocess.run([sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--toy", "--tests-timeout-s", "1",
                            "--out", str(tmp_path), "--checkpoint", str(tmp_path / "checkpoint")], cwd=ROOT,
