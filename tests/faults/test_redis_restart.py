@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
@@ -97,8 +98,12 @@ def test_redis_restart_under_a_live_dashboard_loses_no_snapshot_it_kept_and_runs
     restarted = time.monotonic()
     # The page retries with a doubling delay capped at 10 s, and a subscribe caught half-way by the restart can
     # wait out the channel layer's 15 s socket timeout: on a loaded 2-core CI machine that is well past 30 s.
-    page.wait_for_function("document.querySelector('[data-testid=live-status]').textContent === 'live'",
-                           timeout=90_000)
+    try:
+        page.wait_for_function("document.querySelector('[data-testid=live-status]').textContent === 'live'",
+                               timeout=90_000)
+    except PlaywrightTimeout:
+        raise AssertionError("the page did not come back live after the Redis restart; the stack printed:\n"
+                             + stack.printed()[-4000:]) from None
     record_property("seconds_to_live_again", round(time.monotonic() - restarted, 1))
     # A job proposed and approved while the rest is still reconnecting (once the first has settled: a plan
     # proposed before it changed the cut would rightly end stale).
