@@ -4,6 +4,9 @@
 const CLOSE_UNAUTHENTICATED = 4401;
 const FIRST_DELAY_MS = 500;
 const MAX_DELAY_MS = 10000;
+// A socket that opened but was never subscribed (the server's channel layer stalled, e.g. across a Redis
+// restart) is closed and opened again rather than left looking connected.
+const SUBSCRIBE_TIMEOUT_MS = 5000;
 
 // statusElement's text is "live" while subscribed and "reconnecting" otherwise ("logged out" after 4401);
 // its data-state says the same for styling. onSubscribed runs after every (re)subscribe: fetch the gap there.
@@ -26,11 +29,17 @@ export function connectLive({ groups, statusElement, onSubscribed, onMessage }) 
 
   const open = () => {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    socket = new WebSocket(`${scheme}://${location.host}/ws/live/`);
-    socket.onopen = () => send({ action: "subscribe", groups });
-    socket.onmessage = (event) => {
+    const opened = new WebSocket(`${scheme}://${location.host}/ws/live/`);
+    socket = opened;
+    let watchdog = null;
+    opened.onopen = () => {
+      send({ action: "subscribe", groups });
+      watchdog = setTimeout(() => opened.close(), SUBSCRIBE_TIMEOUT_MS);
+    };
+    opened.onmessage = (event) => {
       const message = JSON.parse(event.data);
       if (message.type === "subscribed") {
+        clearTimeout(watchdog);
         delay = FIRST_DELAY_MS;
         setState("live", "live");
         onSubscribed();
@@ -38,7 +47,8 @@ export function connectLive({ groups, statusElement, onSubscribed, onMessage }) 
         onMessage(message);
       }
     };
-    socket.onclose = (event) => {
+    opened.onclose = (event) => {
+      clearTimeout(watchdog);
       if (event.code === CLOSE_UNAUTHENTICATED) {
         setState("closed", "logged out");
         return;
