@@ -37,6 +37,7 @@ from console.jobs import services
 from console.jobs.errors import JobNotFound
 from console.jobs.models import Job
 from console.jobs.refusals import body_digest, refuse_proposal
+from console.live.bridge import telemetry_keys
 
 __all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "NoRoute", "SchemaView", "TelemetryLatestView", "TokenView",
            "docs_page"]
@@ -201,7 +202,7 @@ class TelemetryLatestView(ApiErrors, APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: ErrorSerializer, 502: ErrorSerializer,
                               503: ErrorSerializer})
     def get(self, request):
-        key = f"{settings.TELEMETRY_CHANNEL}:latest"
+        key, _recent = telemetry_keys(settings.TELEMETRY_CHANNEL)
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         try:
             raw = client.get(key)
