@@ -13,6 +13,15 @@ import time
 import torch
 
 READ_EVERY_S = 0.25  # telemetry runs at a few Hz: fresher figures would only cost NVML calls
+ALLOCATOR_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+# One growing segment mapped in 2 MiB pages instead of fixed 2 / 20 MiB segments: the tail of each segment is
+# memory the rank holds but never allocates (39 MB of it on the reference rig's binding rank on the H200).
+EXPANDABLE = "expandable_segments:True"
+
+
+def prefer_expandable_segments() -> str:
+    """Ask torch's CUDA allocator for expandable segments unless the operator configured it; before CUDA starts."""
+    return os.environ.setdefault(ALLOCATOR_CONF, EXPANDABLE)
 
 
 def cuda_memory(device: torch.device) -> dict:

@@ -21,7 +21,14 @@ from engine import fused
 from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
 from engine.context import StepContext
-from engine.device_memory import MemoryReader, cap_cuda_memory, cuda_memory, probe_headroom
+from engine.device_memory import (
+    ALLOCATOR_CONF,
+    MemoryReader,
+    cap_cuda_memory,
+    cuda_memory,
+    prefer_expandable_segments,
+    probe_headroom,
+)
 from engine.errors import EngineError, EngineLoadError
 from engine.host_image import HostImage, source_name
 from engine.kv_pool import KVPool
@@ -194,7 +201,8 @@ class RankWorker:
         # What the arena holds beyond this rung's weights, and the state reserve, still cost memory.
         arena = (layout.arena_bytes - weights + layout.state_reserve_bytes) if layout.rung else 0
         used = weights + arena + kv_pool.bytes + state_pool.bytes + layout.workspace_bytes
-        device_figures = cuda_memory(self.device) if self.device.type == "cuda" else {}
+        device_figures = ({**cuda_memory(self.device), "allocator_conf": os.environ.get(ALLOCATOR_CONF)}
+                          if self.device.type == "cuda" else {})
         return {
             **device_figures,
             "rank": self.rank, "pid": os.getpid(), "layers": [model.start, model.stop], "weights_bytes": weights,
@@ -229,6 +237,7 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     target = torch.device(device)
     if target.type == "cuda":
+        prefer_expandable_segments()
         torch.cuda.set_device(target)
         cap_cuda_memory(target, memory_bytes)
         # Ranks run the elementwise code eagerly: compiling it inside a step outlasts the pipeline's 30 s receive

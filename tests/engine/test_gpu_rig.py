@@ -1,9 +1,11 @@
 """CPU-runnable parts of the full-size rig emulation: the random host image and the device-memory figures."""
 
+import os
+
 import torch
 
 from engine.config import ModelConfig
-from engine.device_memory import MemoryReader
+from engine.device_memory import ALLOCATOR_CONF, MemoryReader, prefer_expandable_segments
 from engine.host_image import HostImage
 from engine.loader import build_model
 from solvers.census import CONFIG_DIR
@@ -30,3 +32,10 @@ def test_a_random_image_holds_every_parameter_of_the_model_verified():
 
 def test_device_memory_is_read_on_cuda_only():
     assert MemoryReader(torch.device("cpu")).read() is None
+
+
+def test_ranks_ask_for_expandable_segments_unless_the_operator_chose(monkeypatch):
+    monkeypatch.delenv(ALLOCATOR_CONF, raising=False)
+    assert prefer_expandable_segments() == "expandable_segments:True" == os.environ[ALLOCATOR_CONF]
+    monkeypatch.setenv(ALLOCATOR_CONF, "max_split_size_mb:128")
+    assert prefer_expandable_segments() == "max_split_size_mb:128" == os.environ[ALLOCATOR_CONF]
