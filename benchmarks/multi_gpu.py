@@ -23,6 +23,7 @@ for _name, _value in MULTICAST_OFF.items():
     os.environ.setdefault(_name, _value)
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
@@ -57,7 +58,7 @@ def main() -> None:
     record = Record(args.out / "multi_gpu.json", {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv,
         "command": shlex.join([sys.executable, *sys.argv]), "budget_s": args.budget_s,
-        "environment": cases.environment(args.device, gpus)})
+        "environment": cases.environment(args.device)})
     refusal = refuse_to_run(args, gpus)
     if refusal:
         record.data["refused"] = refusal
@@ -76,10 +77,14 @@ def main() -> None:
 
 
 def refuse_to_run(args: argparse.Namespace, gpus: int) -> str | None:
-    """A multicast variable set otherwise than off, or fewer than two GPUs for the full run: nothing is started."""
+    """A multicast variable set otherwise than off, the service's packages missing, or fewer than two GPUs for the full
+    run: nothing is started."""
     unsafe = {name: os.environ[name] for name, value in MULTICAST_OFF.items() if os.environ[name] != value}
     if unsafe:
         return f"NVLink multicast must stay off: {unsafe} set in the environment (want {MULTICAST_OFF})"
+    missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"the engine service needs {missing}: carry their wheels (.whl, docs/benchmarks.md)"
     if args.toy != (args.device == "cpu"):
         return "--toy runs on the CPU (--device cpu); the full run on CUDA GPUs"
     if args.device == "cuda" and not 2 <= gpus <= torch.cuda.device_count():

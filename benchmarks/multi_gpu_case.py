@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from engine.config import ModelConfig
 from solvers.capacity import CutPricer
@@ -103,12 +104,12 @@ def planner_view(folder: Path, rig: str, cuts: list[list[int]]) -> list[dict]:
     return rows
 
 
-def environment(device: str, gpus: int) -> dict:
+def environment(device: str) -> dict:
     facts: dict = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
                    "multicast_env": {name: os.environ.get(name) for name in MULTICAST_NAMES}}
-    if device == "cuda":
-        facts["cards"] = [torch.cuda.get_device_name(index) for index in range(gpus)]
-        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    if device == "cuda" and torch.cuda.is_available():
+        facts["cards"] = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if dist.is_nccl_available() else None
         facts["nvidia_smi"] = _output(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total",
                                        "--format=csv"])
         facts["topology"] = _output(["nvidia-smi", "topo", "-m"])  # how the GPUs are linked: not yet recorded here

@@ -84,7 +84,7 @@ class Service:
         """What each rank process really has in its environment for `names` (None: unset)."""
         return [{"pid": rank.pid, **{name: rank.environ().get(name) for name in names}} for rank in self.ranks]
 
-    def stop(self, timeout_s: float = 60.0) -> int | None:
+    def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM (the service shuts its ranks down), then kill whatever of it is left, by process id."""
         if self.process.poll() is None:
             with contextlib.suppress(psutil.Error):  # a service stopped while starting: find its ranks now

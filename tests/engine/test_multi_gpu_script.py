@@ -12,19 +12,29 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
+
+from engine.driver import PipelineDriver
+from solvers.census import CONFIG_DIR
+from solvers.rig import load_rig
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.multi_gpu_case import FULL_MODEL, full_case, planner_view  # noqa: E402
+
 INCUMBENT, OTHERS = [7, 5, 4], [[8, 4, 4], [9, 3, 4]]
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def run_script(out: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_script(out: Path, *mode: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     environment = {key: value for key, value in os.environ.items() if key not in MULTICAST_OFF}
-    return subprocess.run([sys.executable, "benchmarks/multi_gpu.py", "--toy", "--device", "cpu", "--out", str(out),
-                           "--work", str(out / "work")], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**environment, **(env or {})})
+    return subprocess.run([sys.executable, "benchmarks/multi_gpu.py", *(mode or ("--toy", "--device", "cpu")),
+                           "--out", str(out), "--work", str(out / "work")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**environment, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +137,31 @@ def test_a_multicast_variable_set_on_refuses_the_run_before_anything_starts(tmp_
     record = json.loads((tmp_path / "multi_gpu.json").read_text())
     assert "NCCL_NVLS_ENABLE" in record["refused"] and "steps" not in record
     assert not (tmp_path / "work").exists()
+
+
+def test_the_full_run_refuses_a_machine_without_two_gpus(tmp_path):
+    done = run_script(tmp_path, "--device", "cuda", timeout=120)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads((tmp_path / "multi_gpu.json").read_text())
+    assert "needs 2 or more CUDA GPUs" in record["refused"] and "steps" not in record
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_the_full_runs_rig_has_one_rank_a_gpu_and_every_cut_it_serves_fits(gpus, tmp_path, monkeypatch):
+    """The device run's plan on the CPU first: an H200's memory as torch reports it, the model the run writes."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=143771 << 20))
+    case = full_case(gpus, tmp_path / "work")
+    rig, single = load_rig(case["rig"]), load_rig(case["single_rig"])
+    assert [spec.device for spec in rig.ranks] == [f"cuda:{index}" for index in range(gpus)]
+    assert PipelineDriver.shared_device.fget(SimpleNamespace(rig=rig)) is False  # one GPU a rank: NCCL, not gloo
+    assert [spec.device for spec in single.ranks] == ["cuda:0"]
+    assert {spec.memory_bytes for spec in [*rig.ranks, *single.ranks]} == {48 << 30}
+    cuts = [case["incumbent"], *case["cuts"]]
+    assert len({tuple(cut) for cut in cuts}) == 3 and all(sum(cut) == 16 and min(cut) >= 1 for cut in cuts)
+    config = json.loads((CONFIG_DIR / "reference-hybrid-64.json").read_text())
+    config.pop("_comment")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({**config, **FULL_MODEL}))
+    for row in [*planner_view(tmp_path / "model", case["rig"], cuts),
+                *planner_view(tmp_path / "model", case["single_rig"], [case["single_cut"]])]:
+        assert row["feasible"] and row["pool_tokens"] > rig.shape.max_model_len, row
