@@ -70,7 +70,11 @@ def main() -> None:
     live: list[Service] = []  # the services running now: the watchdog stops them
     arm_watchdog(record, args.budget_s + 30, lambda: [service.stop(10) for service in list(live)])
     steps = Steps(record, args.budget_s)
-    run(case, args, record, steps, live)
+    try:
+        run(case, args, record, steps, live)
+    finally:
+        for service in list(live):  # a run cut short by an error: no service outlives it
+            service.stop()
     record.data["summary"] = summary(record.data)
     record.save()
     print(json.dumps(record.data["summary"], indent=1, default=str), flush=True)
@@ -98,13 +102,13 @@ def run(case: dict, args: argparse.Namespace, record: Record, steps: Steps, live
     folder = args.work / ("demo" if case["model"] == "demo" else "hybrid-{num_hidden_layers}x{num_experts}".format(
         **case["model"]))
     data["checkpoint"] = steps.run("checkpoint", budgets["checkpoint"], cases.write_checkpoint, case, folder,
-                                   engine=False)
+                                   engine=False, need_s=needs["checkpoint"])
     no_checkpoint = None if data["checkpoint"] else "no checkpoint"
     data["planner"] = steps.run("planner", 60, cases.planner_view, folder, case["rig"],
-                                [case["incumbent"], *case["cuts"]], engine=False, skip=no_checkpoint)
+                                [case["incumbent"], *case["cuts"]], engine=False, skip=no_checkpoint, need_s=5)
     multi: dict = data.setdefault("multi", {"rig": case["rig"]})
     service = steps.run("start multi", budgets["start"], start, "multi", folder, case["rig"], case["incumbent"], live,
-                        multi, skip=no_checkpoint, need_s=needs["start"], reserve_s=keep)
+                        budgets["start"] - 5, multi, skip=no_checkpoint, need_s=needs["start"], reserve_s=keep)
     engine = HttpEngine(service.url, folder) if service else None
     down = None if engine else "the multi-rank service did not start"
     tokens = data.setdefault("tokens", {})
@@ -126,14 +130,15 @@ def run(case: dict, args: argparse.Namespace, record: Record, steps: Steps, live
     data["live_change"] = {}
     steps.run("live change", budgets["live_change"], change_under_load, engine, case, budgets["live_change"] - 10,
               data["live_change"], skip=down, need_s=needs["live_change"], reserve_s=keep)
-    steps.run("stop multi", budgets["stop"], stop, live, engine, multi, engine=False)
+    stop(live, engine, multi)
     single: dict = data.setdefault("single", {"rig": case["single_rig"]})
     service = steps.run("start single", budgets["start"], start, "single", folder, case["single_rig"],
-                        case["single_cut"], live, single, engine=False, skip=no_checkpoint, need_s=needs["start"])
+                        case["single_cut"], live, budgets["start"] - 5, single, engine=False, skip=no_checkpoint,
+                        need_s=needs["start"])
     engine = HttpEngine(service.url, folder) if service else None
     tokens["single"] = steps.run("tokens single", budgets["tokens"], greedy, engine, case["check"], tokens,
                                  engine=False, skip=None if engine else "the single-rank service did not start")
-    steps.run("stop single", budgets["stop"], stop, live, engine, single, engine=False)
+    stop(live, engine, single)
     if tokens["multi"] is not None and tokens["single"] is not None:
         tokens["tokens_equal"] = tokens["multi"] == tokens["single"]
         tokens["first_difference"] = first_differences(tokens["multi"], tokens["single"])
@@ -147,11 +152,12 @@ def first_differences(multi: list[list[int]], single: list[list[int]]) -> list[i
             for ours, theirs in zip(multi, single, strict=True)]
 
 
-def start(label: str, folder: Path, rig: str, cut: list[int], live: list[Service], out: dict) -> Service:
+def start(label: str, folder: Path, rig: str, cut: list[int], live: list[Service], timeout_s: float,
+          out: dict) -> Service:
     started = time.perf_counter()
     service = Service(label, folder, rig, cut, live)
     out["command"] = service.command
-    service.wait_ready(timeout_s=3600)  # the step's budget ends the wait
+    service.wait_ready(timeout_s)
     engine = HttpEngine(service.url, folder)
     state = engine.state()
     engine.close()
@@ -200,11 +206,18 @@ def change_under_load(engine: HttpEngine, case: dict, budget_s: float, out: dict
 
 
 def stop(live: list[Service], engine: HttpEngine | None, out: dict) -> None:
+    """Stop the running service whatever the budget says (no step may skip it: the next one needs the GPU), bounded
+    by Service.stop's own waits; what happened goes to `out`."""
+    started = time.perf_counter()
     if engine is not None:
         engine.close()
     for service in list(live):
-        out["exit_code"] = service.stop()
+        try:
+            out["exit_code"] = service.stop()
+        except Exception as error:  # recorded, never raised: the run goes on
+            out["stop_error"] = f"{type(error).__name__}: {error}"
         live.remove(service)
+    out["stop_s"] = round(time.perf_counter() - started, 3)
 
 
 def summary(data: dict) -> dict:

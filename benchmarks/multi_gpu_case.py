@@ -30,11 +30,10 @@ FULL_MODEL = {"num_hidden_layers": 16, "num_experts": 32}
 BUDGET_MIB = 48 * 1024
 TEMPLATE_RIG = "h200x8"
 # Step budgets (s) and what each step usually needs; the single-GPU reference keeps `single` for itself.
-FULL_BUDGETS = {"checkpoint": 150, "start": 240, "tokens": 90, "warmup": 120, "cut": 90, "live_change": 150,
-                "stop": 60}
-FULL_NEEDS = {"start": 90, "tokens": 20, "warmup": 30, "cut": 30, "live_change": 60, "stop": 15, "single": 150}
-TOY_BUDGETS = {"checkpoint": 60, "start": 90, "tokens": 60, "warmup": 60, "cut": 60, "live_change": 90, "stop": 30}
-TOY_NEEDS = {"start": 10, "tokens": 5, "warmup": 5, "cut": 5, "live_change": 10, "stop": 5, "single": 20}
+FULL_BUDGETS = {"checkpoint": 150, "start": 240, "tokens": 90, "warmup": 120, "cut": 90, "live_change": 150}
+FULL_NEEDS = {"checkpoint": 60, "start": 90, "tokens": 20, "warmup": 30, "cut": 30, "live_change": 60, "single": 150}
+TOY_BUDGETS = {"checkpoint": 60, "start": 90, "tokens": 60, "warmup": 60, "cut": 60, "live_change": 90}
+TOY_NEEDS = {"checkpoint": 5, "start": 10, "tokens": 5, "warmup": 5, "cut": 5, "live_change": 10, "single": 20}
 MULTICAST_NAMES = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
 
 

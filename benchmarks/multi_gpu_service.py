@@ -96,7 +96,7 @@ class Service:
                 self.process.kill()
                 self.process.wait(10)
         for rank in self.ranks:
-            if rank.is_running():
+            with contextlib.suppress(psutil.NoSuchProcess):
                 rank.kill()
         return self.process.returncode
 
