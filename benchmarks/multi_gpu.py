@@ -25,6 +25,7 @@ for _name, _value in MULTICAST_OFF.items():
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -54,6 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     setup_logging(args.out / "multi_gpu.log")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per HTTP call (the polling) would drown the log
     gpus = (args.gpus or torch.cuda.device_count()) if args.device == "cuda" else 0
     record = Record(args.out / "multi_gpu.json", {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv,
