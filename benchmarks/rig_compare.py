@@ -79,7 +79,7 @@ def cuda_terms(budget: int, got: dict, probe: dict | None) -> dict:
              "context": None if process is None else process - reserved,
              "real_free": None if process is None else budget - process,
              "peak_allocated_during_build": got.get("build_peak_allocated_bytes"),
-             "nvml_error": got.get("nvml_error")}
+             "nvml_error": got.get("nvml_error"), "allocator_conf": got.get("allocator_conf")}
     if isinstance(probe, dict):
         terms["probe_headroom"] = probe["headroom_bytes"]
     elif probe is not None:

@@ -13,6 +13,7 @@ import torch
 from benchmarks.rig_compare import compare, transition
 from benchmarks.rig_load import Load
 from engine.config import ModelConfig
+from engine.device_memory import pin_host_buffer
 from engine.driver import PipelineDriver
 from engine.driver_api import ApplyRefused
 from engine.errors import EngineError
@@ -158,10 +159,24 @@ def ladder_switch(folder: Path, rig: Rig, rungs: list[list[int]], h2d: dict | No
 
 
 def h2d_bandwidth(gib: float) -> dict:
-    """Host (shared, unpinned, like the image) to device copy: the link a ladder switch really uses here."""
+    """Host (shared memory, like the image) to device copy rate, pageable and pinned; `bytes_per_s` is the one a
+    ladder switch uses here: pinned, as the ranks pin their rung images, unless CUDA refused to pin."""
     host = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(int(gib * 2**30)))
     host.fill_(1)
     device = torch.empty_like(host, device="cuda")
+    result = {"bytes": host.numel(), "pageable": _median_copy_s(device, host)}
+    pin_error = pin_host_buffer(host)
+    if pin_error is None:
+        result["pinned"] = _median_copy_s(device, host)
+        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())  # before the buffer goes
+    else:
+        result["pinned"] = pin_error
+    used = result["pinned"] if pin_error is None else result["pageable"]
+    result.update(median_s=used["median_s"], bytes_per_s=used["bytes_per_s"])
+    return result
+
+
+def _median_copy_s(device: torch.Tensor, host: torch.Tensor) -> dict:
     times = []
     for _ in range(5):
         torch.cuda.synchronize()
@@ -170,5 +185,4 @@ def h2d_bandwidth(gib: float) -> dict:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - begin)
     median = sorted(times)[2]
-    return {"bytes": host.numel(), "median_s": median, "bytes_per_s": host.numel() / median}
-
+    return {"median_s": median, "bytes_per_s": host.numel() / median}

@@ -20,7 +20,11 @@ EXPANDABLE = "expandable_segments:True"
 
 
 def prefer_expandable_segments() -> str:
-    """Ask torch's CUDA allocator for expandable segments unless the operator configured it; before CUDA starts."""
+    """Expandable segments unless the operator configured the allocator: the settings to apply before CUDA starts.
+
+    torch reads the variable when it is imported, which a rank process has done before it runs: the caller applies
+    the settings itself (torch.cuda.memory._set_allocator_settings), the way torchtune does.
+    """
     return os.environ.setdefault(ALLOCATOR_CONF, EXPANDABLE)
 
 
@@ -41,6 +45,14 @@ def cuda_memory(device: torch.device) -> dict:
     except Exception as error:  # NVML missing or refused: say so rather than guess
         figures["nvml_error"] = str(error)
     return figures
+
+
+def pin_host_buffer(buffer: torch.Tensor) -> str | None:
+    """Page-lock a host buffer for this process (cudaHostRegister), shared memory included: copies from it then run
+    at the link's DMA rate, not through a pageable staging buffer (about 6 GB/s a process on the H200 rig).
+    None when pinned, else what CUDA said."""
+    error = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
+    return None if int(error) == 0 else f"cudaHostRegister failed: CUDA error {int(error)}"
 
 
 def cap_cuda_memory(device: torch.device, memory_bytes: int) -> None:

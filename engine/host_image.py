@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from engine.checksum import arrival_checksum
 from engine.errors import EngineLoadError
 from engine.loader import build_model, load_model
 
@@ -35,7 +36,7 @@ class RungImage:
 
     buffer: torch.Tensor
     names: tuple[str, ...]  # parameter names in packing order (each at the running offset)
-    crc32: int
+    checksum: int  # engine.checksum.arrival_checksum: the arena is checked on the device, not copied back
 
 
 class HostImage:
@@ -108,7 +109,7 @@ class HostImage:
             entry = self.entry(source_name(config, name))
             buffer[offset:offset + entry.nbytes] = self.raw(source_name(config, name))
             offset += entry.nbytes
-        return RungImage(buffer, names, zlib.crc32(buffer.numpy()))
+        return RungImage(buffer, names, arrival_checksum(buffer))
 
     @property
     def bytes(self) -> int:

@@ -8,10 +8,10 @@ for its new attention layers, and enforces the rank's budget before it replaces 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import traceback
-import zlib
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -19,6 +19,7 @@ import torch
 
 from engine import fused
 from engine.caches import CACHE_DTYPES
+from engine.checksum import arrival_checksum
 from engine.config import ModelConfig
 from engine.context import StepContext
 from engine.device_memory import (
@@ -26,6 +27,7 @@ from engine.device_memory import (
     MemoryReader,
     cap_cuda_memory,
     cuda_memory,
+    pin_host_buffer,
     prefer_expandable_segments,
     probe_headroom,
 )
@@ -36,6 +38,8 @@ from engine.loader import build_model
 from engine.models import RangeCausalLM
 from engine.pipeline import close_group, init_group, recv_hidden, send_hidden
 from engine.state_pool import StatePool
+
+log = logging.getLogger("seam.engine")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class RankWorker:
         self.die_in_reconfiguration = os.environ.get("SEAM_FAULT_DIE_RANK") == str(rank)
         self.builds = 0
         self.copy_s: float | None = None
+        self.unpinned: dict[tuple[int, ...], str] = {}  # rung -> why its image could not be pinned
+        self.pinned: set[tuple[int, ...]] = set()
 
     # LayerCaches
     def kv(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,12 +129,18 @@ class RankWorker:
         # rebuilding the previous layout's pools from scratch.
         self.kv_pool = self.state_pool = None
         kv_pool, state_pool = self._pools(layers, layout, self.device)
-        measured = self._measure(model, kv_pool, state_pool, layout)
         self.model, self.kv_pool, self.state_pool, self.layout = model, kv_pool, state_pool, layout
         self.builds += 1
+        if self.device.type == "cuda":
+            # The layers and pools let go are back with the card before the rank measures itself: NVML then sees
+            # what the rank holds (on the H200 the old model, still referenced, and the allocator's cache of the old
+            # pools read as up to 4.4 GB a rank after a cut change).
+            torch.cuda.empty_cache()
+        measured = self._measure(model, kv_pool, state_pool, layout)
         measured["loaded_layers"] = loaded
         measured["switch_s"] = switch_s
         measured["copy_s"] = self.copy_s if layout.rung else None
+        measured["unpinned"] = {str(list(cut)): why for cut, why in self.unpinned.items()}
         if self.device.type == "cuda":
             measured["build_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
         return measured
@@ -145,6 +157,8 @@ class RankWorker:
         restores by switching back (another refill), which is what a ladder is for.
         """
         image = self.image.rungs[(layout.cut, self.rank)]
+        if self.device.type == "cuda":
+            self._pin_rungs()
         if self.arena is None or self.arena.numel() != layout.arena_bytes:
             self.arena = torch.empty(layout.arena_bytes, dtype=torch.uint8, device=self.device)
         used = image.buffer.numel()
@@ -156,11 +170,11 @@ class RankWorker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.copy_s = time.perf_counter() - started  # the transfer alone: what the planner's switch cost prices
-        arrived = zlib.crc32(self.arena[:used].cpu().numpy())
+        arrived = arrival_checksum(self.arena[:used])
         switch_s = time.perf_counter() - started
-        if arrived != image.crc32:
+        if arrived != image.checksum:
             raise EngineLoadError(f"checksum mismatch on arrival of rung {list(layout.cut)} on rank {self.rank}: "
-                                  f"image crc32 {image.crc32:08x}, arena {arrived:08x}")
+                                  f"image {image.checksum:016x}, arena {arrived:016x}")
         offset = 0
         for name in image.names:
             entry = self.image.entry(source_name(self.config, name))
@@ -172,6 +186,18 @@ class RankWorker:
         self.reserve = None  # released before its successor is allocated, like the pools
         self.reserve = torch.empty(layout.state_reserve_bytes, dtype=torch.uint8, device=self.device)
         return list(model.layer_range), switch_s
+
+    def _pin_rungs(self) -> None:
+        """Pin this rank's rung images once, when the ladder is armed: a switch is then one DMA copy (DOMAIN 9).
+        An image CUDA will not pin still works, at the pageable rate; the build's figures say which (`unpinned`)."""
+        for (cut, rank), image in self.image.rungs.items():
+            if rank == self.rank and cut not in self.pinned and cut not in self.unpinned:
+                error = pin_host_buffer(image.buffer)
+                if error is None:
+                    self.pinned.add(cut)
+                else:
+                    self.unpinned[cut] = error
+                    log.warning("rank %d: rung %s stays pageable (%s)", self.rank, list(cut), error)
 
     def _fill(self, model: RangeCausalLM) -> list[int]:
         """Reuse the modules of layers this rank already holds; copy the rest from the host image, verified."""
@@ -237,7 +263,7 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     target = torch.device(device)
     if target.type == "cuda":
-        prefer_expandable_segments()
+        torch.cuda.memory._set_allocator_settings(prefer_expandable_segments())
         torch.cuda.set_device(target)
         cap_cuda_memory(target, memory_bytes)
         # Ranks run the elementwise code eagerly: compiling it inside a step outlasts the pipeline's 30 s receive

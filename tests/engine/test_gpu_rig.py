@@ -2,8 +2,10 @@
 
 import os
 
+import pytest
 import torch
 
+from engine.checksum import arrival_checksum
 from engine.config import ModelConfig
 from engine.device_memory import ALLOCATOR_CONF, MemoryReader, prefer_expandable_segments
 from engine.host_image import HostImage
@@ -39,3 +41,22 @@ def test_ranks_ask_for_expandable_segments_unless_the_operator_chose(monkeypatch
     assert prefer_expandable_segments() == "expandable_segments:True" == os.environ[ALLOCATOR_CONF]
     monkeypatch.setenv(ALLOCATOR_CONF, "max_split_size_mb:128")
     assert prefer_expandable_segments() == "max_split_size_mb:128" == os.environ[ALLOCATOR_CONF]
+
+
+def test_the_arrival_checksum_sees_a_flipped_bit_a_swap_and_the_tail():
+    buffer = torch.randint(0, 256, ((3 << 22) * 4 + 3,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    reference = arrival_checksum(buffer)
+    assert arrival_checksum(buffer.clone()) == reference
+    for position, bit in ((0, 1), (5 << 22, 128), (buffer.numel() - 1, 4)):  # first word, a later chunk, the tail
+        flipped = buffer.clone()
+        flipped[position] ^= bit
+        assert arrival_checksum(flipped) != reference
+    words = buffer.clone()[:(3 << 22) * 4].view(torch.int32)
+    words[[7, 9]] = words[[9, 7]]  # two words of one chunk swapped
+    assert arrival_checksum(torch.cat((words.view(torch.uint8), buffer[-3:]))) != reference
+    chunks = buffer.clone()
+    chunks[:4 << 22], chunks[4 << 22:8 << 22] = buffer[4 << 22:8 << 22].clone(), buffer[:4 << 22].clone()
+    assert arrival_checksum(chunks) != reference  # two whole chunks swapped
+    with pytest.raises(ValueError, match="flat uint8"):
+        arrival_checksum(buffer[:8].view(torch.int16))
+

@@ -63,3 +63,20 @@ def test_a_corrupted_arrival_is_caught_by_its_checksum(demo, monkeypatch):
     with pytest.raises(EngineError, match="checksum mismatch for layers.7"):
         worker.build(_layout(moved, 0))
     assert worker.model.stop == 7  # still serving the previous layout
+
+
+def test_a_corrupted_arrival_in_the_arena_is_caught_on_the_device_side(demo, monkeypatch):
+    """A ladder switch checks the arena where it is (engine.checksum), against the checksum of the rung's image."""
+    folder, config, _ = demo
+    rungs = [(7, 5, 4), (8, 4, 4)]
+    image = HostImage.build(folder, rungs=rungs)
+    monkeypatch.setenv("SEAM_FAULT_CORRUPT_RANK", "0")
+    worker = RankWorker(0, 3, config, image, torch.device("cpu"))
+    arena = max(image.rungs[(rung, 0)].buffer.numel() for rung in rungs)
+    layouts = [replace(_layout(CutPricer(config.census, load_rig("cpu-demo")).price(rung), 0), rung=True,
+                       arena_bytes=arena) for rung in rungs]
+    worker.build(layouts[0])  # arming is clean
+    with pytest.raises(EngineError, match=r"checksum mismatch on arrival of rung \[8, 4, 4\] on rank 0"):
+        worker.build(layouts[1])
+    worker.build(layouts[1])  # the fault fires once: the same switch again arrives intact
+    assert worker.model.stop == 8
