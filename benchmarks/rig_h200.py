@@ -42,7 +42,7 @@ from solvers.rig import Rig, load_rig  # noqa: E402
 # back to the incumbent. Refused: a pool too small for one sequence, and a rank over its budget (two reasons).
 FULL = {"config": "reference-hybrid-64", "overrides": {}, "rig": "reference-h200", "incumbent": [28, 20, 16],
         "moves": [[30, 17, 17], [31, 16, 17], [32, 15, 17], [33, 15, 16], [28, 20, 16]],
-        "refused": [[27, 21, 16], [26, 22, 16]], "shape": {"max_num_seqs": 4, "max_model_len": 65536},
+        "refused": [[27, 21, 16], [26, 22, 16]], "shape": {"max_num_seqs": 4, "max_model_len": 49152},
         "prompt": 512, "tokens": 24, "width": 4,
         # two rung images of the full model would not fit the host's RAM: the bench model's size (48 layers)
         "ladder": {"overrides": {"num_hidden_layers": 48, "num_experts": 32}, "rungs": [[16, 16, 16], [18, 15, 15]]},
@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--toy", action="store_true", help="the CPU demo rig and model (a check of this script)")
     parser.add_argument("--budget-s", type=float, default=510.0, help="the whole run's time budget")
+    parser.add_argument("--skip-ladder", action="store_true",
+                        help="the rig's steps only, with the ladder's time left to them (a ladder measured before)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/seam-rig"), help="where the configs are written")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +115,8 @@ def main() -> None:
     arm_watchdog(record, args.budget_s + 30, lambda: [p.kill() for d in live for p in d.processes])
     steps = Steps(record, args.budget_s)
     run_rig(case, args, record, steps, live)
-    run_ladder(case, args, record, steps, live)
+    if not args.skip_ladder:
+        run_ladder(case, args, record, steps, live)
     record.data["summary"] = summary(record.data)
     record.save()
     print(json.dumps(record.data["summary"], indent=1, default=str), flush=True)
@@ -121,7 +124,8 @@ def main() -> None:
 
 def run_rig(case: dict, args, record: Record, steps: Steps, live: list) -> None:
     data, budgets, needs = record.data, case["budgets"], case["needs"]
-    ladder_reserve = needs["ladder"] + needs["shutdown"]  # the rig's steps leave the ladder the time it needs
+    # the rig's steps leave the ladder the time it needs
+    ladder_reserve = needs["shutdown"] + (0 if args.skip_ladder else needs["ladder"])
     if args.device == "cuda":
         data["h2d"] = steps.run("h2d", budgets["h2d"], rig_engine.h2d_bandwidth, 4.0, engine=False)
     folder = write_config(case["config"], case["overrides"], args.work / case["config"])

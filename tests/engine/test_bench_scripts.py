@@ -284,3 +284,9 @@ def _layout(prediction, rank: int) -> RankLayout:
     row = prediction.ranks[rank]
     return RankLayout(prediction.cut, prediction.pool_tokens, 16, 8, "float32", "float32", row.budget_bytes,
                       row.overhead_bytes, row.workspace_bytes, row.floor.bytes, row.margin_bytes)
+
+
+def test_the_rig_run_can_leave_the_ladder_out(tmp_path):
+    run = run_rig(tmp_path, "--skip-ladder")
+    assert "ladder" not in run["steps"] and run["summary"]["ladder"]["up"]["status"] is None
+    assert [entry["status"] for entry in run["cuts"]] == ["succeeded"] * 3 and run["shape"]["status"] == "succeeded"

@@ -216,16 +216,26 @@ def test_fused_pieces_give_their_eager_values_on_the_gpu(monkeypatch, caplog):
         "gdn_gates": (gdn_gates, (rand(37, 32), rand(37, 32), rand(32), rand(32))),
         "gate_output": (gate_output, (rand(37, 4096), rand(37, 4096))),
     }
+    errors, worse = {}, []
     for name, (function, args) in cases.items():
         monkeypatch.setattr(fused, "enabled", False)
+        exact = function(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
         eager = function(*args)
         monkeypatch.setattr(fused, "enabled", True)
         compiled = function(*args)
-        for want, got in zip(*(out if isinstance(out, tuple) else (out,) for out in (eager, compiled)), strict=True):
+        for index, (want, slow, fast) in enumerate(zip(*(out if isinstance(out, tuple) else (out,)
+                                                         for out in (exact, eager, compiled)), strict=True)):
             if want.dtype == torch.int64:  # route's expert ids
-                assert torch.equal(got, want), name
-            else:
-                assert relative_error(got.float().cpu(), want.float().cpu()) <= 4e-3, name  # about one bf16 step
+                assert torch.equal(fast, want) and torch.equal(slow, want), name
+                continue
+            pair = [relative_error(out.float().cpu(), want.float().cpu()) for out in (slow, fast)]
+            errors[f"{name}[{index}]"] = [round(e, 5) for e in pair]
+            # Inductor keeps a fused run's intermediates in float32 (it skips the eager code's bf16 roundings), so the
+            # two paths differ by up to a bf16 step or two; against float32, fusion may be no worse than that.
+            if pair[1] > pair[0] + 4e-3:
+                worse.append(name)
+    print("fused pieces, relative error of eager and fused against float32:", errors)
+    assert worse == [], (worse, errors)
     assert "torch.compile of" not in caplog.text  # a compile that failed would have run the eager code: no test
 
 
