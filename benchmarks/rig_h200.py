@@ -49,7 +49,7 @@ FULL = {"config": "reference-hybrid-64", "overrides": {}, "rig": "reference-h200
         # seconds a step may take, and what it usually needs (2026-12-02: image 23 s, start 94 s)
         "budgets": {"h2d": 40, "image": 120, "refused_at_start": 30, "start": 300, "warmup": 240,
                     "refused_by_engine": 30, "move": 120, "shape": 120, "shutdown": 60, "ladder": 240},
-        "needs": {"warmup": 60, "move": 30, "shape": 30, "shutdown": 15, "ladder": 120}}
+        "needs": {"start": 100, "warmup": 60, "move": 20, "shape": 20, "shutdown": 15, "ladder": 120}}
 # The same steps on the CPU demo rig: [7,5,4] -> [8,4,4] grows rank 1's pool past what its budget could hold beside
 # the old one, the case that ran out of memory on the H200; the ladder model has another depth than the rig's incumbent.
 TOY = {"config": "demo-hybrid-16", "overrides": {}, "rig": "cpu-demo", "incumbent": [7, 5, 4],
@@ -58,7 +58,7 @@ TOY = {"config": "demo-hybrid-16", "overrides": {}, "rig": "cpu-demo", "incumben
        "ladder": {"overrides": {"num_hidden_layers": 12}, "rungs": [[5, 4, 3], [6, 3, 3]]},
        "budgets": {"h2d": 40, "image": 60, "refused_at_start": 30, "start": 120, "warmup": 120,
                    "refused_by_engine": 30, "move": 90, "shape": 90, "shutdown": 60, "ladder": 180},
-       "needs": {"warmup": 10, "move": 5, "shape": 5, "shutdown": 5, "ladder": 20}}
+       "needs": {"start": 20, "warmup": 10, "move": 5, "shape": 5, "shutdown": 5, "ladder": 20}}
 
 
 def write_config(name: str, overrides: dict, folder: Path) -> Path:
@@ -126,7 +126,7 @@ def run_rig(case: dict, args, record: Record, steps: Steps, live: list) -> None:
     data, budgets, needs = record.data, case["budgets"], case["needs"]
     # the rig's steps leave the ladder the time it needs
     ladder_reserve = needs["shutdown"] + (0 if args.skip_ladder else needs["ladder"])
-    if args.device == "cuda":
+    if args.device == "cuda" and not args.skip_ladder:  # the host link is what a ladder switch uses
         data["h2d"] = steps.run("h2d", budgets["h2d"], rig_engine.h2d_bandwidth, 4.0, engine=False)
     folder = write_config(case["config"], case["overrides"], args.work / case["config"])
     rig = rig_for(case["rig"], args.device)
@@ -139,7 +139,8 @@ def run_rig(case: dict, args, record: Record, steps: Steps, live: list) -> None:
               case["refused"], image, data["refused_at_start"], engine=False)
     data["start"] = {}
     driver = steps.run("start", budgets["start"], rig_engine.start, folder, rig, case["incumbent"], image,
-                       data["start"], live, skip=None if image else "no host image")
+                       data["start"], live, skip=None if image else "no host image", need_s=needs["start"],
+                       reserve_s=ladder_reserve)
     down = None if driver else "the engine did not start"
     data["warmup"] = {}
     steps.run("warmup", budgets["warmup"], rig_engine.warmup, driver, case["prompt"], case["tokens"], case["width"],
