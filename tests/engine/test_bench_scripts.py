@@ -251,6 +251,36 @@ def test_the_h200_runs_real_figures_give_the_documented_miss():
     assert compared["ranks"][1]["overhead"]["real"] == 639631360 + 39244288 + 10339200
 
 
+
+def test_the_h200_runs_last_figures_give_the_documented_table():
+    """The last full-size run (session 3, run 5: expandable segments, memory returned before measuring, overhead
+    720 MiB): each layout's real figures put back through the planner's own row give the documented real pools."""
+    run = json.loads((ROOT / "benchmarks/results/h200-2026-12-02/session3/run5_rig_h200.json").read_text())
+    census = ModelConfig.from_pretrained(CONFIG_DIR / "reference-hybrid-64.json").census
+    reference = load_rig("reference-h200")
+    layouts = [(run["start"]["cut"], run["start"]["compare"])]
+    layouts += [(entry["target"]["cut"], entry["compare"]) for entry in run["cuts"]]
+    real = {}  # the incumbent twice: started (before the first step) and moved back to (running): the last one kept
+    for cut, compared in layouts:
+        rows = compared["ranks"]
+        specs = (replace(spec, memory_bytes=row["budget"], overhead_bytes=row["overhead"]["rig"])
+                 for spec, row in zip(reference.ranks, rows, strict=True))
+        rig = replace(reference, ranks=tuple(specs))
+        prediction = CutPricer(census, rig).price(tuple(cut))
+        assert compared["exact"] and compared["pool_tokens"]["allocated"] == prediction.pool_tokens
+        allowed = []
+        for budget, row in zip(prediction.ranks, rows, strict=True):
+            resident = row["weights"]["allocated"] + row["kv_bytes"]["allocated"] + row["state"]["allocated"]
+            assert row["overhead"]["real"] == row["cuda"]["process_used"] - resident
+            if budget.attention_layers:
+                allowed.append(replace(budget, overhead_bytes=row["overhead"]["real"]).allowed_tokens)
+        assert min(allowed) == compared["pool_tokens"]["real_capacity"]
+        real[tuple(cut)] = round(min(allowed) / prediction.pool_tokens - 1, 3)
+    # before the first step (start) the context is 610 MiB, under the 720 priced; running, the allocator's slack stays
+    assert real == {(28, 20, 16): -0.017, (30, 17, 17): -0.012, (31, 16, 17): -0.005, (32, 15, 17): -0.016,
+                    (33, 15, 16): -0.038} and layouts[0][1]["pool_tokens"]["real_vs_predicted"] == 0.087377
+
+
 def _vm(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
