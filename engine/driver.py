@@ -89,7 +89,7 @@ class PipelineDriver:
         self.device_memory: dict[int, dict] = {}  # rank -> its latest real device figures (CUDA ranks only)
         self.ops = Operations(self)
         self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
-        # Unpinned: a pinned copy is not shared memory, and every rank process reads this one image. A ready image
+        # In shared memory: every rank process reads this one image (rung images are pinned in place). A ready image
         # (HostImage.random, for a rig emulated at full size) can be handed in instead of the checkpoint's weights.
         self.image = image or HostImage.build(self.checkpoint, rungs=self.rungs)
         self._start_ranks()

@@ -2,8 +2,8 @@
 
 Ranks fill the layers they gain from it (one copy, no disk read, no re-read of layers that stay)
 and verify each tensor's checksum on arrival, so a corrupted transfer is caught before it serves.
-The buffer lives in shared memory so every rank process reads the same image. It is not pinned: a pinned copy
-is private to the process that pins it, and ranks would then each need their own.
+The buffer lives in shared memory so every rank process reads the same image. The whole image is not pinned; a
+ladder's rung images are, each by the rank that copies from it, in place (engine.arena).
 """
 
 from __future__ import annotations

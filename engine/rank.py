@@ -8,9 +8,7 @@ for its new attention layers, and enforces the rank's budget before it replaces 
 
 from __future__ import annotations
 
-import logging
 import os
-import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -18,8 +16,8 @@ from multiprocessing.connection import Connection
 import torch
 
 from engine import fused
+from engine.arena import Arena
 from engine.caches import CACHE_DTYPES
-from engine.checksum import arrival_checksum
 from engine.config import ModelConfig
 from engine.context import StepContext
 from engine.device_memory import (
@@ -27,19 +25,16 @@ from engine.device_memory import (
     MemoryReader,
     cap_cuda_memory,
     cuda_memory,
-    pin_host_buffer,
     prefer_expandable_segments,
     probe_headroom,
 )
-from engine.errors import EngineError, EngineLoadError
-from engine.host_image import HostImage, source_name
+from engine.errors import EngineError
+from engine.host_image import HostImage
 from engine.kv_pool import KVPool
 from engine.loader import build_model
 from engine.models import RangeCausalLM
 from engine.pipeline import close_group, init_group, recv_hidden, send_hidden
 from engine.state_pool import StatePool
-
-log = logging.getLogger("seam.engine")
 
 
 @dataclass(frozen=True)
@@ -84,16 +79,12 @@ class RankWorker:
         self.kv_pool: KVPool | None = None
         self.state_pool: StatePool | None = None
         self.layout: RankLayout | None = None
-        self.arena: torch.Tensor | None = None
-        self.reserve: torch.Tensor | None = None
+        self.arena = Arena(rank, config, image, device)
         # Fault injection for tests: corrupt what arrives on this rank from the image in the first
         # reconfiguration after start-up (the start-up build itself stays clean).
         self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
         self.die_in_reconfiguration = os.environ.get("SEAM_FAULT_DIE_RANK") == str(rank)
         self.builds = 0
-        self.copy_s: float | None = None
-        self.unpinned: dict[tuple[int, ...], str] = {}  # rung -> why its image could not be pinned
-        self.pinned: set[tuple[int, ...]] = set()
 
     # LayerCaches
     def kv(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,10 +103,13 @@ class RankWorker:
         model = build_model(self.config, layers.start, layers.stop, device="meta")
         switch_s = None
         if layout.rung:
-            loaded, switch_s = self._fill_arena(model, layout)
+            corrupt = self.corrupt_arrivals and self.builds > 0
+            switch_s = self.arena.fill(model, layout.cut, layout.arena_bytes, layout.state_reserve_bytes, corrupt)
+            self.corrupt_arrivals &= not corrupt
+            loaded = list(model.layer_range)
         else:
             loaded = self._fill(model)
-            self.arena = self.reserve = None
+            self.arena.release()
         # The budget check prices the new pools on the meta device, before any is allocated: a refused layout
         # leaves the running one untouched.
         planned = self._measure(model, *self._pools(layers, layout, "meta"), layout)
@@ -139,8 +133,8 @@ class RankWorker:
         measured = self._measure(model, kv_pool, state_pool, layout)
         measured["loaded_layers"] = loaded
         measured["switch_s"] = switch_s
-        measured["copy_s"] = self.copy_s if layout.rung else None
-        measured["unpinned"] = {str(list(cut)): why for cut, why in self.unpinned.items()}
+        measured["copy_s"] = self.arena.copy_s if layout.rung else None
+        measured["unpinned"] = {str(list(cut)): why for cut, why in self.arena.unpinned.items()}
         if self.device.type == "cuda":
             measured["build_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
         return measured
@@ -149,55 +143,6 @@ class RankWorker:
         return (KVPool(self.config, layers, layout.pool_tokens, layout.block_size, CACHE_DTYPES[layout.kv_dtype],
                        device),
                 StatePool(self.config, layers, layout.num_slots, CACHE_DTYPES[layout.state_dtype], device))
-
-    def _fill_arena(self, model: RangeCausalLM, layout: RankLayout) -> tuple[list[int], float]:
-        """Refill the fixed arena with this rung's image in one copy, verify it, bind the weights as views.
-
-        The arena is overwritten in place, so a failed check leaves no usable old weights: the driver
-        restores by switching back (another refill), which is what a ladder is for.
-        """
-        image = self.image.rungs[(layout.cut, self.rank)]
-        if self.device.type == "cuda":
-            self._pin_rungs()
-        if self.arena is None or self.arena.numel() != layout.arena_bytes:
-            self.arena = torch.empty(layout.arena_bytes, dtype=torch.uint8, device=self.device)
-        used = image.buffer.numel()
-        started = time.perf_counter()
-        self.arena[:used].copy_(image.buffer)
-        if self.corrupt_arrivals and self.builds > 0:
-            self.arena[0] ^= 0xFF
-            self.corrupt_arrivals = False
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.copy_s = time.perf_counter() - started  # the transfer alone: what the planner's switch cost prices
-        arrived = arrival_checksum(self.arena[:used])
-        switch_s = time.perf_counter() - started
-        if arrived != image.checksum:
-            raise EngineLoadError(f"checksum mismatch on arrival of rung {list(layout.cut)} on rank {self.rank}: "
-                                  f"image {image.checksum:016x}, arena {arrived:016x}")
-        offset = 0
-        for name in image.names:
-            entry = self.image.entry(source_name(self.config, name))
-            view = self.arena[offset:offset + entry.nbytes].view(entry.dtype).reshape(entry.shape)
-            module_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(view, requires_grad=False))
-            offset += entry.nbytes
-        model.tie_weights()
-        self.reserve = None  # released before its successor is allocated, like the pools
-        self.reserve = torch.empty(layout.state_reserve_bytes, dtype=torch.uint8, device=self.device)
-        return list(model.layer_range), switch_s
-
-    def _pin_rungs(self) -> None:
-        """Pin this rank's rung images once, when the ladder is armed: a switch is then one DMA copy (DOMAIN 9).
-        An image CUDA will not pin still works, at the pageable rate; the build's figures say which (`unpinned`)."""
-        for (cut, rank), image in self.image.rungs.items():
-            if rank == self.rank and cut not in self.pinned and cut not in self.unpinned:
-                error = pin_host_buffer(image.buffer)
-                if error is None:
-                    self.pinned.add(cut)
-                else:
-                    self.unpinned[cut] = error
-                    log.warning("rank %d: rung %s stays pageable (%s)", self.rank, list(cut), error)
 
     def _fill(self, model: RangeCausalLM) -> list[int]:
         """Reuse the modules of layers this rank already holds; copy the rest from the host image, verified."""
