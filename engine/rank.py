@@ -104,8 +104,8 @@ class RankWorker:
         switch_s = None
         if layout.rung:
             corrupt = self.corrupt_arrivals and self.builds > 0
+            self.corrupt_arrivals &= not corrupt  # the fault fires once
             switch_s = self.arena.fill(model, layout.cut, layout.arena_bytes, layout.state_reserve_bytes, corrupt)
-            self.corrupt_arrivals &= not corrupt
             loaded = list(model.layer_range)
         else:
             loaded = self._fill(model)
