@@ -4,12 +4,13 @@ Throughput is timed from the client, the way the engine's bench times it: `batch
 streamed at once; prefill runs until every request has its first token, decode is the rest (gen - 1 tokens a
 request). The best of `repeats` runs is kept, and the spread of the runs is recorded (this run's own A-vs-A noise).
 
-The timing model is calibrated at the incumbent with solvers.timing.calibrate and evaluated at the other cuts with
-TimingModel.evaluate. The engine's steps run rank after rank (one batch in flight), so a step is the serial sum of
-the stages and a cut's predicted tok/s is the incumbent's measured tok/s times its serial speedup. The engine
-reports no per-rank stage time: the incumbent's measured step is attributed to the ranks in proportion to their
-layers (identical GPUs: one ms per layer). The fixed per-stage cost — the hidden state's hop between GPUs, the
-embedding and lm_head — is then unidentified, and the model says so (flag `optimistic`).
+The timing model is calibrated at the incumbent with solvers.timing.calibrate from the stage times every rank
+reports for its own layers (the engine's `stage_ms`: the median over the measured runs' steps of each kind, decode
+steps for decode and prompt steps for prefill), and evaluated at the other cuts with TimingModel.evaluate. The
+engine's steps run rank after rank (one batch in flight), so a step is the serial sum of the stages and a cut's
+predicted tok/s is the incumbent's measured tok/s times its serial speedup; each cut's own reported stages are
+recorded beside the predicted ones. The fixed per-stage cost (the hidden state's hop between GPUs, the embedding
+and lm_head) is not separated from the per-layer cost, and the model says so (flag `optimistic`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from engine.sampler import SamplingParams
 from solvers.timing import calibrate
 
 ANSWER_S = 300.0
-PHASES = {"prefill": ("prefill_ms", "prefill_tok_s"), "decode": ("decode_step_ms", "decode_tok_s")}
+PHASES = {"prefill": "prefill_tok_s", "decode": "decode_tok_s"}
 
 
 def throughput(engine: HttpEngine, cut: list[int], batch: int, prompt_len: int, gen_len: int, repeats: int,
@@ -50,7 +51,8 @@ def throughput(engine: HttpEngine, cut: list[int], batch: int, prompt_len: int, 
     prefill_s, decode_s = min(r["prefill_s"] for r in runs), min(r["decode_s"] for r in runs)
     out.update(prefill_ms=prefill_s * 1e3, decode_step_ms=decode_s * 1e3 / (gen_len - 1),
                prefill_tok_s=batch * prompt_len / prefill_s, decode_tok_s=batch * (gen_len - 1) / decode_s,
-               spread={phase: _spread([r[f"{phase}_s"] for r in runs]) for phase in PHASES})
+               spread={phase: _spread([r[f"{phase}_s"] for r in runs]) for phase in PHASES},
+               stage_ms=engine.state()["stage_ms"])  # this cut's steps only: a layout change clears the log
 
 
 def _spread(values: list[float]) -> float:
@@ -58,29 +60,27 @@ def _spread(values: list[float]) -> float:
     return round(max(values) / min(values) - 1.0, 4)
 
 
-def stage_ms_by_layer_share(cut: list[int], step_ms: float) -> list[float]:
-    """A measured step split over the ranks in proportion to their layers (no per-rank stage time is reported)."""
-    return [step_ms * layers / sum(cut) for layers in cut]
-
-
 def predictions(measured: list[dict], noise_floor: float) -> dict:
     """The timing model calibrated from measured[0] (the incumbent), against every other measured cut."""
     incumbent = measured[0]
-    out: dict = {"incumbent": incumbent["cut"], "noise_floor": noise_floor, "models": {}, "cuts": []}
+    out: dict = {"incumbent": incumbent["cut"], "noise_floor": noise_floor, "models": {}, "cuts": [],
+                 "source": "each rank's reported stage time (median over the run's steps of the phase's kind)"}
     models = {}
-    for phase, (ms_key, _) in PHASES.items():
-        stage_ms = stage_ms_by_layer_share(incumbent["cut"], incumbent[ms_key])
+    for phase in PHASES:
+        stage_ms = incumbent["stage_ms"][phase]["median_ms"]
+        if stage_ms is None:
+            raise RuntimeError(f"the engine reported no {phase} step at the incumbent: nothing to calibrate from")
         models[phase] = calibrate(incumbent["cut"], stage_ms, noise_floor=noise_floor)
         out["models"][phase] = {"stage_ms": stage_ms, "ms_per_layer": list(models[phase].ms_per_layer),
                                 "fixed_ms": list(models[phase].fixed_ms)}
     for row in measured[1:]:
         entry: dict = {"cut": row["cut"]}
-        for phase, (_, rate_key) in PHASES.items():
+        for phase, rate_key in PHASES.items():
             timing = models[phase].evaluate(row["cut"])
             predicted = incumbent[rate_key] * timing.x_serial
             ratio = row[rate_key] / predicted
             entry[phase] = {"predicted_tok_s": predicted, "measured_tok_s": row[rate_key],
                             "measured_vs_predicted": round(ratio, 4), "beyond_noise": abs(ratio - 1) > noise_floor,
-                            "timing": timing.to_dict()}
+                            "measured_stage_ms": row["stage_ms"][phase]["median_ms"], "timing": timing.to_dict()}
         out["cuts"].append(entry)
     return out

@@ -30,6 +30,7 @@ from engine.reconfig import Operations
 from engine.sampler import Sampler, SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.sequence import Sequence
+from engine.stage_timer import StageLog
 from engine.telemetry_snapshot import build_snapshot
 from engine.text import CheckpointText
 from solvers.capacity import CutPricer, PoolResult
@@ -87,6 +88,7 @@ class PipelineDriver:
         self.last_seq = 0
         self.throughput: deque[tuple[float, int, int]] = deque()
         self.device_memory: dict[int, dict] = {}  # rank -> its latest real device figures (CUDA ranks only)
+        self.stages = StageLog()  # each rank's stage time in recent steps, for calibrating the timing model
         self.ops = Operations(self)
         self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
         # In shared memory: every rank process reads this one image (rung images are pinned in place). A ready image
@@ -155,6 +157,7 @@ class PipelineDriver:
     def _install(self, cut: tuple[int, ...], shape: ServingShape, prediction: PoolResult) -> None:
         """Make `cut` and `shape` current for the scheduler; only ever called with no sequence holding blocks."""
         self.cut, self.shape, self.prediction = tuple(cut), shape, prediction
+        self.stages.clear()
         blocks = BlockManager((prediction.pool_tokens or 0) // shape.block_size, shape.block_size,
                               tracks_kv=bool(self.census.attention_layers))
         slots = SlotManager(shape.max_num_seqs)
@@ -303,7 +306,7 @@ class PipelineDriver:
                         [seq.state_slot or 0 for seq in batch.seqs], [list(seq.block_table) for seq in batch.seqs],
                         self.shape.block_size, positions)
         replies = self.call_all("step", [plan] * len(self.pipes))
-        for rank, (_, memory) in enumerate(replies):
+        for rank, (_, memory, _) in enumerate(replies):
             if memory is not None:
                 self.device_memory[rank] = memory
         logits = replies[-1][0]
@@ -322,6 +325,8 @@ class PipelineDriver:
                 self._finish(seq, seq.finish_reason or "length")
         decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
         self.throughput.append((time.monotonic(), len(token_ids) - decode, decode))
+        with self.lock:  # state() reads the log from the HTTP threads
+            self.stages.add(len(token_ids) - decode, decode, [stage_ms for _, _, stage_ms in replies])
 
     # --- reading the engine ----------------------------------------------------------------------
     def fingerprint(self) -> str:
@@ -337,7 +342,7 @@ class PipelineDriver:
                 "binding_rank": self.prediction.binding_rank, "ranks": [
                     {**row, "measured": measured} for row, measured in zip(self.prediction.table(), self.measured,
                                                                            strict=True)],
-                "ladder": self._ladder_state(), "notes": self.notes,
+                "ladder": self._ladder_state(), "notes": self.notes, "stage_ms": self.stages.summary(),
             }
 
     def _ladder_state(self) -> dict:

@@ -34,6 +34,7 @@ from engine.kv_pool import KVPool
 from engine.loader import build_model
 from engine.models import RangeCausalLM
 from engine.pipeline import close_group, init_group, recv_hidden, send_hidden
+from engine.stage_timer import StageTimer
 from engine.state_pool import StatePool
 
 
@@ -85,6 +86,7 @@ class RankWorker:
         self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
         self.die_in_reconfiguration = os.environ.get("SEAM_FAULT_DIE_RANK") == str(rank)
         self.builds = 0
+        self.timer = StageTimer(device)  # the last step's stage: the driver's StageLog keeps it
 
     # LayerCaches
     def kv(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,11 +197,13 @@ class RankWorker:
         else:
             hidden = recv_hidden(len(plan.token_ids), self.config.hidden_size, self.config.torch_dtype, self.device,
                                  self.rank - 1)
-        hidden = self.model(hidden, ctx, self)
-        if self.rank < self.world - 1:
+        with self.timer:
+            hidden = self.model(hidden, ctx, self)
+            logits = self.model.compute_logits(hidden, ctx).float() if self.rank == self.world - 1 else None
+        if logits is None:
             send_hidden(hidden, self.rank + 1)
             return None
-        return self.model.compute_logits(hidden, ctx).float().cpu()
+        return logits.cpu()
 
 
 def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpoint: str, image: HostImage,
@@ -226,7 +230,7 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
                 if kind == "build":
                     conn.send(("ok", worker.build(payload)))
                 elif kind == "step":  # each reply carries fresh device memory figures every READ_EVERY_S
-                    conn.send(("ok", (worker.step(payload), memory.read())))
+                    conn.send(("ok", (worker.step(payload), memory.read(), worker.timer.ms)))
                 elif kind == "probe":
                     conn.send(("ok", probe_headroom(target, payload) if target.type == "cuda" else None))
             except Exception as error:  # reported to the driver, which decides (roll back or fail)

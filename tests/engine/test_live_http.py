@@ -261,3 +261,15 @@ def test_a_non_streaming_client_that_disconnects_is_cancelled(service):
     while _busy(service) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _busy(service), "the engine is still decoding for a client that went away"
+
+
+def test_the_state_reports_each_ranks_stage_time(service):
+    """What the timing model is calibrated from: every rank's own stage, per kind of step, from the real ranks."""
+    reply = service.client.post("/v1/completions", json={"prompt": list(range(3, 40)), "max_tokens": 12,
+                                                         "temperature": 0, "ignore_eos": True})
+    assert reply.status_code == 200, reply.text
+    stages = service.state()["stage_ms"]
+    for kind in ("prefill", "decode"):
+        assert stages[kind]["steps"] >= 1 and len(stages[kind]["median_ms"]) == 3
+        assert all(ms > 0 for ms in stages[kind]["median_ms"])
+    assert stages["decode"]["steps"] >= 11  # every decode step of the request, each timed on every rank

@@ -93,10 +93,13 @@ def test_the_timing_model_is_calibrated_at_the_incumbent_and_predicts_the_other_
     for phase, ms_key, rate_key in (("prefill", "prefill_ms", "prefill_tok_s"),
                                     ("decode", "decode_step_ms", "decode_tok_s")):
         stage_ms = prediction["models"][phase]["stage_ms"]
-        assert sum(stage_ms) == pytest.approx(rows[0][ms_key])  # the incumbent's measured step, over its ranks
+        assert stage_ms == rows[0]["stage_ms"][phase]["median_ms"]  # what the incumbent's three ranks reported
+        assert len(stage_ms) == 3 and all(ms > 0 for ms in stage_ms)
+        assert sum(stage_ms) < rows[0][ms_key]  # the ranks' own work, inside the step the client saw
         model = calibrate(INCUMBENT, stage_ms, noise_floor=prediction["noise_floor"])
         for entry, row in zip(prediction["cuts"], rows[1:], strict=True):
             predicted = entry[phase]
+            assert predicted["measured_stage_ms"] == row["stage_ms"][phase]["median_ms"]
             assert predicted["timing"]["x_serial"] == pytest.approx(model.evaluate(row["cut"]).x_serial)
             assert predicted["predicted_tok_s"] == pytest.approx(rows[0][rate_key] * predicted["timing"]["x_serial"])
             assert predicted["measured_tok_s"] == row[rate_key] > 0
