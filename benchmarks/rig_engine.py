@@ -31,7 +31,7 @@ def probe(driver: PipelineDriver, load: Load | None = None) -> list:
     try:
         if load is not None and not load.pause(timeout=60.0):
             return ["the load did not pause within 60 s: not probed"] * driver.rig.size
-        return driver.call_all("probe", [PROBE_CHUNK] * driver.rig.size)
+        return driver.ranks.call_all("probe", [PROBE_CHUNK] * driver.rig.size)
     finally:
         if load is not None:
             load.resume()
@@ -58,7 +58,7 @@ def start(folder: Path, rig: Rig, cut: list[int], image: HostImage, out: dict, l
     started = time.perf_counter()
     driver = PipelineDriver(folder, rig, cut=tuple(cut), image=image)
     live.append(driver)
-    out.update(seconds=time.perf_counter() - started, shared_device=driver.shared_device, cut=cut)
+    out.update(seconds=time.perf_counter() - started, shared_device=driver.ranks.shared_device, cut=cut)
     probes = probe(driver)
     out["compare"] = compare(driver.prediction, driver.measured, probes)
     return driver

@@ -112,7 +112,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv, "case": case,
         "environment": environment(args.device), "budget_s": args.budget_s})
     live: list = []  # the drivers running now: the watchdog stops their ranks
-    arm_watchdog(record, args.budget_s + 30, lambda: [p.kill() for d in live for p in d.processes])
+    arm_watchdog(record, args.budget_s + 30, lambda: [p.kill() for d in live for p in d.ranks.processes])
     steps = Steps(record, args.budget_s)
     run_rig(case, args, record, steps, live)
     if not args.skip_ladder:
@@ -177,7 +177,7 @@ def stop_rig(driver, load: Load, data: dict, live: list) -> None:
         driver.shutdown()
         # An operation stuck past its step's budget may still be restoring (and restarting ranks): end it too.
         driver.loop.join(timeout=30.0)
-        for process in driver.processes:
+        for process in driver.ranks.processes:
             if process.is_alive():
                 process.kill()
         live.remove(driver)

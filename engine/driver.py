@@ -8,24 +8,20 @@ in from any thread through `submit`; reconfiguration (engine/reconfig.py) runs b
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-import socket
 import threading
 import time
 from collections import deque
-from multiprocessing.connection import wait
 from pathlib import Path
-
-import torch.multiprocessing as mp
 
 from engine.block_manager import BlockManager, SlotManager
 from engine.config import ModelConfig
 from engine.driver_api import RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.host_image import HostImage
-from engine.rank import RankLayout, StepPlan, rank_main
+from engine.rank import RankLayout, StepPlan
+from engine.rank_group import RankGroup
 from engine.reconfig import Operations
 from engine.sampler import Sampler, SamplingParams
 from engine.scheduler import Batch, Scheduler
@@ -40,20 +36,6 @@ from solvers.rig import Rig
 from solvers.serving import ServingShape
 
 log = logging.getLogger("seam.engine")
-
-
-class RankFailure(EngineError):
-    """A rank reported an error or died; carries which rank and what it said."""
-
-    def __init__(self, rank: int, message: str, died: bool = False):
-        super().__init__(f"rank {rank}: {message}")
-        self.rank, self.died = rank, died
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PipelineDriver:
@@ -94,8 +76,8 @@ class PipelineDriver:
         # In shared memory: every rank process reads this one image (rung images are pinned in place). A ready image
         # (HostImage.random, for a rig emulated at full size) can be handed in instead of the checkpoint's weights.
         self.image = image or HostImage.build(self.checkpoint, rungs=self.rungs)
-        self._start_ranks()
-        self.measured = self.call_all("build", layouts)
+        self.ranks = RankGroup(self.rig, self.checkpoint, self.image)
+        self.measured = self.ranks.call_all("build", layouts)
         problems = self.verify(self.prediction, self.measured)
         if problems:
             self.shutdown()
@@ -176,59 +158,6 @@ class PipelineDriver:
         except EngineRequestError as error:  # the new shape cannot hold it: refused explicitly, never dropped
             self._finish(seq, "refused", str(error))
 
-    # --- rank processes --------------------------------------------------------------------------
-    @property
-    def shared_device(self) -> bool:
-        """Two ranks on one GPU (a rig emulated on one card): NCCL cannot join them, so they talk gloo."""
-        gpus = [spec.device for spec in self.rig.ranks if spec.device.startswith("cuda")]
-        return len(set(gpus)) < len(gpus)
-
-    def _start_ranks(self) -> None:
-        context = mp.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        self.pipes, self.processes = [], []
-        for rank, spec in enumerate(self.rig.ranks):
-            parent, child = context.Pipe()
-            device = spec.device if spec.device.startswith("cuda") else "cpu"
-            process = context.Process(target=rank_main, name=f"seam-rank-{rank}", daemon=True, args=(
-                rank, self.rig.size, init_method, child, str(self.checkpoint), self.image, device,
-                spec.memory_bytes, self.shared_device))
-            process.start()
-            self.pipes.append(parent)
-            self.processes.append(process)
-
-    def restart_ranks(self) -> None:
-        """A dead rank breaks the process group: replace every rank process (layouts are rebuilt after)."""
-        for process in self.processes:
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=10)
-        self._start_ranks()
-
-    def call_all(self, kind: str, payloads: list) -> list:
-        """Send one message to every rank and collect every reply; the first failure is raised."""
-        for pipe, payload in zip(self.pipes, payloads, strict=True):
-            pipe.send((kind, payload))
-        replies, failure = [], None
-        for rank, pipe in enumerate(self.pipes):
-            # A dead rank never answers, and its peers block on it: stop waiting at once.
-            ready = wait([pipe, self.processes[rank].sentinel])
-            try:
-                if pipe not in ready:
-                    raise EOFError
-                reply = pipe.recv()
-            except (EOFError, OSError):
-                self.processes[rank].join(timeout=5)
-                raise RankFailure(rank, f"the rank process died (exit code {self.processes[rank].exitcode})",
-                                  died=True) from None
-            if reply[0] == "error":
-                log.warning("rank %d: %s\n%s", rank, reply[1], reply[2])
-                failure = failure or RankFailure(rank, reply[1])
-            replies.append(reply[1])
-        if failure:
-            raise failure
-        return replies
-
     # --- requests --------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.text.encode(text)
@@ -305,7 +234,7 @@ class PipelineDriver:
         plan = StepPlan(token_ids, list(batch.query_lens), list(batch.cached_lens),
                         [seq.state_slot or 0 for seq in batch.seqs], [list(seq.block_table) for seq in batch.seqs],
                         self.shape.block_size, positions)
-        replies = self.call_all("step", [plan] * len(self.pipes))
+        replies = self.ranks.call_all("step", [plan] * self.rig.size)
         for rank, (_, memory, _) in enumerate(replies):
             if memory is not None:
                 self.device_memory[rank] = memory
@@ -377,13 +306,8 @@ class PipelineDriver:
         self._stop = True
         if getattr(self, "loop", None) is not None and self.loop is not threading.current_thread():
             self.loop.join(timeout=10)
-        for pipe in getattr(self, "pipes", []):
-            with contextlib.suppress(OSError, BrokenPipeError):
-                pipe.send(("stop", None))
-        for process in getattr(self, "processes", []):
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
+        if getattr(self, "ranks", None) is not None:
+            self.ranks.stop()
         with self.lock:
             for seq_id in list(self.handles):
                 handle = self.handles.pop(seq_id)

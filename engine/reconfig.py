@@ -169,7 +169,7 @@ class Operations:
                 op.predicted["switch_cost_s"] = switch_cost_s(ladder, cut)
             self._check_host_ram(op, cut)
             self._phase(op, "acting")
-            measured = driver.call_all("build", layouts)
+            measured = driver.ranks.call_all("build", layouts)
             op.measured = measured_figures(measured)
             self._phase(op, "verifying")
             problems = driver.verify(prediction, measured)
@@ -221,10 +221,10 @@ class Operations:
         driver = self.driver
         self._phase(op, "rolling_back")
         try:
-            if restart or not all(process.is_alive() for process in driver.processes):
-                driver.restart_ranks()
+            if restart or not driver.ranks.alive():
+                driver.ranks.restart()
             prediction, layouts = driver.layouts(cut, shape)
-            restored = driver.call_all("build", layouts)
+            restored = driver.ranks.call_all("build", layouts)
             problems = driver.verify(prediction, restored)
             if problems:
                 raise EngineError("; ".join(problems))

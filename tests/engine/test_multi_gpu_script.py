@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.driver import PipelineDriver
+from engine.rank_group import RankGroup
 from solvers.census import CONFIG_DIR
 from solvers.rig import load_rig
 
@@ -155,7 +155,7 @@ def test_the_full_runs_rig_has_one_rank_a_gpu_and_every_cut_it_serves_fits(gpus,
     case = full_case(gpus, tmp_path / "work")
     rig, single = load_rig(case["rig"]), load_rig(case["single_rig"])
     assert [spec.device for spec in rig.ranks] == [f"cuda:{index}" for index in range(gpus)]
-    assert PipelineDriver.shared_device.fget(SimpleNamespace(rig=rig)) is False  # one GPU a rank: NCCL, not gloo
+    assert RankGroup.shared_device.fget(SimpleNamespace(rig=rig)) is False  # one GPU a rank: NCCL, not gloo
     assert [spec.device for spec in single.ranks] == ["cuda:0"]
     assert {spec.memory_bytes for spec in [*rig.ranks, *single.ranks]} == {48 << 30}
     cuts = [case["incumbent"], *case["cuts"]]
