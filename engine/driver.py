@@ -242,7 +242,9 @@ class PipelineDriver:
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
         sampled = self.sampler.sample(logits[ready], [batch.seqs[i].params for i in ready],
                                       [batch.seqs[i].seq_id for i in ready])
-        with self.lock:
+        decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
+        with self.lock:  # state() reads the stage log from the HTTP threads
+            self.stages.add(len(token_ids) - decode, decode, [stage_ms for _, _, stage_ms in replies])
             tokens = {batch.seqs[i].seq_id: token for i, token in zip(ready, sampled, strict=True)}
             finished = self.scheduler.commit(batch, tokens)
             for seq_id, token in tokens.items():
@@ -252,10 +254,7 @@ class PipelineDriver:
                     handle.tokens.put(token)
             for seq in finished:
                 self._finish(seq, seq.finish_reason or "length")
-        decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
         self.throughput.append((time.monotonic(), len(token_ids) - decode, decode))
-        with self.lock:  # state() reads the log from the HTTP threads
-            self.stages.add(len(token_ids) - decode, decode, [stage_ms for _, _, stage_ms in replies])
 
     # --- reading the engine ----------------------------------------------------------------------
     def fingerprint(self) -> str:
