@@ -292,14 +292,17 @@ class PipelineDriver:
     def plan(self, body: dict) -> dict:
         return self.ops.plan(body)
 
-    def apply(self, plan: dict, plan_hash: str) -> str:
-        return self.ops.apply(plan, plan_hash)
+    def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:
+        return self.ops.apply(plan, plan_hash, job_id)
 
     def operation(self, operation_id: str) -> dict | None:
         return self.ops.get(operation_id)
 
     def operations(self) -> list[dict]:
         return self.ops.list()
+
+    def find_operations(self, plan_hash: str) -> list[dict]:
+        return self.ops.find(plan_hash)
 
     def shutdown(self) -> None:
         self._stop = True

@@ -67,8 +67,13 @@ class Driver(Protocol):
         Raises solvers.errors.SolverError for a malformed body (the service answers 400)."""
         ...
 
-    def apply(self, plan: dict[str, Any], plan_hash: str) -> str:
-        """POST /control/apply: start the operation and return its id, or raise ApplyRefused."""
+    def apply(self, plan: dict[str, Any], plan_hash: str, job_id: int | None = None) -> str:
+        """POST /control/apply: start the operation (for the attested console job `job_id`) and return its id, or
+        raise ApplyRefused."""
+        ...
+
+    def find_operations(self, plan_hash: str) -> list[dict[str, Any]]:
+        """GET /control/operations?plan_hash=: the operations started for that plan, oldest first."""
         ...
 
     def operation(self, operation_id: str) -> dict[str, Any] | None:

@@ -43,6 +43,7 @@ class Operation:
     previous: dict | None = None  # the layout restored by a rollback, as measured after restoring it
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    job_id: int | None = None  # the console job whose attested review let the plan through
     started: float = field(default_factory=time.time)
     finished: float | None = None
 
@@ -54,7 +55,7 @@ class Operation:
         return {"id": self.id, "kind": self.kind, "target": self.target, "plan_hash": self.plan_hash,
                 "status": self.status, "phase": self.phase, "progress": self.progress, "predicted": self.predicted,
                 "measured": self.measured, "previous": self.previous, "error": self.error, "notes": self.notes,
-                "started": self.started, "finished": self.finished}
+                "job_id": self.job_id, "started": self.started, "finished": self.finished}
 
 
 def figures(pool_tokens: int | None, binding_rank: int | None, ranks: list[dict]) -> dict:
@@ -98,7 +99,7 @@ class Operations:
         self._target(request)  # a kind this engine cannot apply is refused now, not after a review
         return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
 
-    def apply(self, plan: dict, plan_hash: str) -> str:
+    def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:
         driver = self.driver
         try:
             verify_plan(plan, plan_hash)
@@ -122,7 +123,8 @@ class Operations:
             if not fresh["feasible"]:
                 raise ApplyRefused(422, "the plan is infeasible: " + "; ".join(fresh["reasons"]))
             cut, shape = self._target(request)
-            op = Operation(f"op-{next(self.counter)}-{uuid.uuid4().hex[:8]}", request.kind, request.target, plan_hash)
+            op = Operation(f"op-{next(self.counter)}-{uuid.uuid4().hex[:8]}", request.kind, request.target,
+                           plan_hash.lower(), job_id=job_id)
             self.items[op.id] = op
             self.queue.append((op, cut, shape))
         driver.wake.set()
@@ -146,6 +148,10 @@ class Operations:
 
     def list(self) -> list[dict]:
         return [op.to_dict() for op in self.items.values()]
+
+    def find(self, plan_hash: str) -> list[dict]:
+        """The operations started for `plan_hash`, oldest first: how a console that lost an operation id finds it."""
+        return [op.to_dict() for op in self.items.values() if op.plan_hash == plan_hash.lower()]
 
     def pending(self) -> bool:
         return bool(self.queue)

@@ -1,0 +1,103 @@
+"""The credentials console and engine share, and the approval attestation the engine checks before it applies.
+
+Two secrets, each handed to the processes that need it through the environment (`make run` generates both):
+
+- the **control token** (`SEAM_ENGINE_TOKEN`): every call to the engine's /control/* sends
+  `Authorization: Bearer <token>`; without it the engine answers 401.
+- the **approval key** (`SEAM_APPROVAL_KEY`): the console signs, for each job it executes, an attestation
+  `{job_id, approvers, issued_at, signature}` where `signature = HMAC-SHA256(key, canonical JSON of
+  {plan_hash, job_id, approvers, issued_at})`. The engine applies a plan only with a valid attestation for
+  its plan_hash, so holding the control token alone is not enough to change the layout: a change needs a
+  job that passed the review gate.
+
+The optional **API key** (`SEAM_API_KEY`) guards the engine's OpenAI-compatible /v1/*, as vLLM's --api-key does.
+This module is the one owner of these names and of the attestation's shape; both sides import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from solvers.errors import SolverError
+from solvers.plans import canonical_json
+
+__all__ = ["API_KEY_ENV", "APPROVAL_KEY_ENV", "ATTESTATION_MAX_AGE_S", "CONTROL_TOKEN_ENV", "Attestation",
+           "bearer_token", "sign_attestation", "verify_attestation"]
+
+CONTROL_TOKEN_ENV = "SEAM_ENGINE_TOKEN"
+APPROVAL_KEY_ENV = "SEAM_APPROVAL_KEY"
+API_KEY_ENV = "SEAM_API_KEY"
+# An attestation is signed when the worker executes the job, seconds before it is sent; a day's slack covers any
+# clock skew between console and engine hosts while keeping an old one from being replayed later.
+ATTESTATION_MAX_AGE_S = 24 * 3600.0
+_FIELDS = ("job_id", "approvers", "issued_at", "signature")
+
+
+@dataclass(frozen=True)
+class Attestation:
+    """A verified attestation: which job's review let this plan through, and who approved it."""
+
+    job_id: int
+    approvers: tuple[str, ...]
+    issued_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "approvers": list(self.approvers), "issued_at": self.issued_at}
+
+
+def bearer_token(secret: str) -> dict[str, str]:
+    """The header a client sends to prove it holds `secret`."""
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def _signature(key: str, plan_hash: str, job_id: int, approvers: Sequence[str], issued_at: float) -> str:
+    message = canonical_json({"plan_hash": plan_hash, "job_id": job_id, "approvers": list(approvers),
+                              "issued_at": issued_at})
+    return hmac.new(key.encode("utf-8"), message.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def sign_attestation(key: str, plan_hash: str, job_id: int, approvers: Sequence[str], issued_at: float) -> dict:
+    """The attestation the console sends beside a reviewed plan: `{job_id, approvers, issued_at, signature}`."""
+    if not key:
+        raise SolverError(f"no approval key to sign with: set {APPROVAL_KEY_ENV}")
+    names = sorted(set(approvers))
+    if not names:
+        raise SolverError("an attestation needs at least one approver")
+    return {"job_id": job_id, "approvers": names, "issued_at": float(issued_at),
+            "signature": _signature(key, plan_hash, job_id, names, float(issued_at))}
+
+
+def verify_attestation(key: str, attestation: Any, plan_hash: str, now: float,
+                       max_age_s: float = ATTESTATION_MAX_AGE_S) -> Attestation:
+    """The attestation, verified for `plan_hash`; SolverError naming what is wrong otherwise."""
+    if not isinstance(attestation, dict):
+        raise SolverError("attestation is missing or not an object: a plan is applied only with the console's "
+                          "attestation of its review ({job_id, approvers, issued_at, signature})")
+    unknown = sorted(set(attestation) - set(_FIELDS))
+    missing = [name for name in _FIELDS if name not in attestation]
+    if unknown or missing:
+        raise SolverError(f"attestation: expected exactly {{{', '.join(_FIELDS)}}} "
+                          f"({'unknown ' + unknown[0] if unknown else 'missing ' + missing[0]})")
+    job_id, approvers = attestation["job_id"], attestation["approvers"]
+    issued_at, signature = attestation["issued_at"], attestation["signature"]
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+        raise SolverError("attestation.job_id: expected a positive integer")
+    if not isinstance(approvers, list) or not approvers or not all(isinstance(a, str) and a for a in approvers):
+        raise SolverError("attestation.approvers: expected a non-empty list of usernames")
+    if isinstance(issued_at, bool) or not isinstance(issued_at, int | float):
+        raise SolverError("attestation.issued_at: expected a number (seconds since the epoch)")
+    if not isinstance(signature, str):
+        raise SolverError("attestation.signature: expected a hex string")
+    expected = _signature(key, plan_hash, job_id, approvers, float(issued_at))
+    if not hmac.compare_digest(expected, signature.lower()):
+        raise SolverError("attestation.signature does not match: it was not signed by the console for this plan "
+                          "(another plan_hash, job or approvers, or another approval key)")
+    age = now - float(issued_at)
+    if age > max_age_s or age < -max_age_s:
+        raise SolverError(f"attestation was issued {age:.0f} s ago, outside the {max_age_s:.0f} s it stays valid: "
+                          "execute the job again from the console")
+    return Attestation(job_id, tuple(approvers), float(issued_at))
