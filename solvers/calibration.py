@@ -177,11 +177,24 @@ class RankCoverage:
 
 
 @dataclass(frozen=True)
+class CalibrationWarning:
+    """A rank the timing model cannot trust yet, with the measurement that fixes it."""
+
+    rank: int
+    problem: str  # "unidentified", "negative_ms_per_layer" or "negative_fixed_ms"
+    message: str  # names the rank, what is wrong and the cut to measure
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "problem": self.problem, "message": self.message}
+
+
+@dataclass(frozen=True)
 class Coverage:
     samples: tuple[Sample, ...]
     target: float
     ranks: tuple[RankCoverage, ...]
     arms: tuple[ArmPlan, ...]  # proposals for every unidentified rank
+    warnings: tuple[CalibrationWarning, ...] = ()
 
     @property
     def unidentified(self) -> tuple[int, ...]:
@@ -190,7 +203,8 @@ class Coverage:
     def to_dict(self) -> dict:
         return {"samples": len(self.samples), "cuts": [list(cut) for cut in sorted({s.cut for s in self.samples})],
                 "target": self.target, "unidentified": list(self.unidentified),
-                "ranks": [rank.to_dict() for rank in self.ranks], "arms": [plan.to_dict() for plan in self.arms]}
+                "ranks": [rank.to_dict() for rank in self.ranks], "arms": [plan.to_dict() for plan in self.arms],
+                "warnings": [warning.to_dict() for warning in self.warnings]}
 
 
 def _fit(xs: list[int], ys: list[float]) -> tuple[float, float, float | None, float | None, int]:
@@ -251,4 +265,37 @@ def coverage(samples: Iterable[Sample | tuple | dict], target: float = 0.05,
         raise SolverError(f"incumbent {list(start)} is not a cut of the sampled rig and model "
                           f"({ranks} ranks, {sum(parsed[0].cut)} layers)")
     arms = tuple(suggest_arms(start, r.rank, step) for r in report if not r.identified and ranks > 1)
-    return Coverage(parsed, float(target), tuple(report), arms)
+    return Coverage(parsed, float(target), tuple(report), arms,
+                    tuple(warning for r in report for warning in _warnings(r, start, step)))
+
+
+def _warnings(rank: RankCoverage, start: tuple[int, ...], step: int) -> list[CalibrationWarning]:
+    """An unidentified rank, or a fit no stage can have (negative ms per layer or fixed cost)."""
+    i, counts = rank.rank, list(rank.layer_counts)
+    if not rank.identified:
+        if len(start) < 2:
+            return [CalibrationWarning(i, "unidentified", f"rank {i}: ms/layer cannot be identified on a one-rank rig "
+                                                          "(its layer count can never change): it stays the optimistic "
+                                                          "stage ms / layers bound")]
+        return [CalibrationWarning(i, "unidentified", f"rank {i}: ms/layer cannot be identified: its layer count "
+                                                      f"never changed ({counts[0]} in every sample); measure a cut "
+                                                      f"that moves rank {i}{_examples(start, i, step)}")]
+    # A wider spread of layer counts resolves the slope against the same noise.
+    further = f"measure a cut that moves rank {i} further than {rank.delta_layers} layer(s)" + _examples(
+        start, i, 2 * rank.delta_layers)
+    found = []
+    if rank.ms_per_layer <= 0:
+        found.append(CalibrationWarning(i, "negative_ms_per_layer", (
+            f"rank {i}: fitted ms/layer {rank.ms_per_layer:.4g} is not positive (layer counts {counts}): the "
+            f"samples are noisier than that spread resolves; {further}")))
+    estimate = rank.intercept.estimate
+    if estimate is not None and estimate < 0:
+        found.append(CalibrationWarning(i, "negative_fixed_ms", (
+            f"rank {i}: fitted fixed cost {estimate:.4g} ms per stage is negative (no stage takes less than no "
+            f"time): the samples at layer counts {counts} do not support it; {further}")))
+    return found
+
+
+def _examples(start: tuple[int, ...], rank: int, step: int) -> str:
+    cuts = [list(arm.cut) for arm in suggest_arms(start, rank, step).arms]
+    return f", e.g. {' or '.join(str(cut) for cut in cuts)}" if cuts else ""

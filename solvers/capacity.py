@@ -103,6 +103,37 @@ class PoolResult:
         }
 
 
+@dataclass(frozen=True)
+class WeightsExceedRig:
+    """The model's weights alone exceed what the rig's ranks hold together, so every cut is refused:
+    whatever the cut, the ranks' free bytes sum below zero and some rank cannot clear its floor."""
+
+    model: str
+    rig: str
+    needed_bytes: int  # every weight, with the tied lm_head's copy on a multi-rank rig
+    available_bytes: int  # the ranks' budgets less their non-torch overhead
+
+    @property
+    def message(self) -> str:
+        return (f"the weights alone exceed the rig: {self.model} needs {format_bytes(self.needed_bytes)} of weights, "
+                f"rig {self.rig} holds {format_bytes(self.available_bytes)} (its ranks' budgets less overhead); "
+                f"short by {format_bytes(self.needed_bytes - self.available_bytes)}")
+
+    def to_dict(self) -> dict:
+        return {"feasible": False, "refusal": self.message, "model": self.model, "rig": self.rig,
+                "weights_bytes": self.needed_bytes, "available_bytes": self.available_bytes}
+
+
+def weights_exceed_rig(model: ModelCensus, rig: Rig) -> WeightsExceedRig | None:
+    """The refusal to print instead of a table of refused cuts when the weights cannot fit at all."""
+    tied_copy = model.embedding_bytes if model.tied_embeddings and rig.size > 1 else 0  # as CutPricer places it
+    needed = model.weight_bytes_total + tied_copy
+    available = sum(rank.memory_bytes - rank.overhead_bytes for rank in rig.ranks)
+    if needed <= available:
+        return None
+    return WeightsExceedRig(model.name or model.model_type, rig.name, needed, available)
+
+
 def workspace_estimate(model: ModelCensus, shape: ServingShape, holds_head: bool) -> int:
     """Activations for one batch of max_num_batched_tokens, plus fp32 logits on the head rank.
 

@@ -1,4 +1,8 @@
-"""Rig profiles: the ranks of a serving rig and what was measured on them (ARCHITECTURE.md, contracts)."""
+"""Rig profiles: the ranks of a serving rig and what was measured on them (ARCHITECTURE.md, contracts).
+
+One schema, read by `rig_from_dict` and written by `Rig.to_dict`, so a printed rig loads back as the
+same Rig; docs/planner.md documents every field.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from typing import Any
 import yaml
 
 from solvers.errors import RigError, SolverError
+from solvers.rig_fields import FieldReader
 from solvers.serving import ServingShape
-from solvers.units import parse_bandwidth, parse_size
+from solvers.units import exact_size
 
 RIG_DIR = Path(__file__).resolve().parent / "rigs"
 DEFAULT_NOISE_FLOOR = 0.141  # A-vs-A spread measured on the reference rig
@@ -29,6 +34,12 @@ class SeamReserve:
     uncertainty_bytes: int
     measured: dict[int, dict[str, int]] = field(default_factory=dict)
 
+    def to_dict(self) -> dict:
+        data: dict[str, Any] = {"estimate": _sizes(self.estimate), "uncertainty": exact_size(self.uncertainty_bytes)}
+        if self.measured:
+            data["measured"] = {str(layers): _sizes(parts) for layers, parts in sorted(self.measured.items())}
+        return data
+
 
 @dataclass(frozen=True)
 class RankSpec:
@@ -43,6 +54,22 @@ class RankSpec:
     stage_ms: float | None = None  # measured at the rig's incumbent cut
     margin_bytes: int = 0
     workspace_bytes: int | None = None  # measured; None: estimated from the model and shape
+
+    def to_dict(self) -> dict:
+        data: dict[str, Any] = {
+            "name": self.name, "device": self.device, "memory": exact_size(self.memory_bytes),
+            "overhead": exact_size(self.overhead_bytes),
+            "h2d_bandwidth": exact_size(round(self.h2d_bytes_per_s), decimal=True) + "/s",
+            "corridor": {"band": exact_size(self.corridor_band_bytes), "tolerance": self.corridor_tolerance},
+            "seam_reserve": self.seam_reserve.to_dict(),
+        }
+        if self.stage_ms is not None:
+            data["stage_ms"] = self.stage_ms
+        if self.margin_bytes:
+            data["margin"] = exact_size(self.margin_bytes)
+        if self.workspace_bytes is not None:
+            data["workspace"] = exact_size(self.workspace_bytes)
+        return data
 
 
 @dataclass(frozen=True)
@@ -85,6 +112,24 @@ class Rig:
     def is_booted(self, cut: tuple[int, ...]) -> bool:
         return tuple(cut) in self.booted_cuts or tuple(cut) == self.incumbent_cut
 
+    def to_dict(self) -> dict:
+        """The rig in the schema rig_from_dict reads (sizes with units), so it round-trips to an equal Rig."""
+        data: dict[str, Any] = {
+            "name": self.name, "description": self.description, "reference_model": self.reference_model,
+            "incumbent_cut": None if self.incumbent_cut is None else list(self.incumbent_cut),
+            "noise_floor": self.noise_floor, "shape": self.shape.to_dict(),
+            "ranks": [rank.to_dict() for rank in self.ranks],
+        }
+        if self.booted_cuts:
+            data["booted_cuts"] = [list(cut) for cut in self.booted_cuts]
+        if self.safety_band_bytes is not None:
+            data["safety_band"] = exact_size(self.safety_band_bytes)
+        return data
+
+
+def _sizes(components: dict[str, int]) -> dict[str, str]:
+    return {name: exact_size(count) for name, count in components.items()}
+
 
 def proportional_split(num_layers: int, weights: tuple[int, ...] | list[float]) -> tuple[int, ...]:
     """Split `num_layers` in proportion to `weights` (largest remainder), at least one layer a rank."""
@@ -102,6 +147,15 @@ def proportional_split(num_layers: int, weights: tuple[int, ...] | list[float]) 
 
 
 # --- loading and validation ------------------------------------------------------------------
+
+# The fields a rig file may hold, by level (docs/planner.md, "The rig file", documents each one).
+RIG_FIELDS = {"name", "description", "ranks", "incumbent_cut", "shape", "noise_floor", "booted_cuts",
+              "reference_model", "safety_band"}
+RANK_FIELDS = {"name", "device", "memory", "overhead", "h2d_bandwidth", "corridor", "seam_reserve", "stage_ms",
+               "margin", "workspace"}
+CORRIDOR_FIELDS = {"band", "tolerance"}
+SEAM_RESERVE_FIELDS = {"estimate", "uncertainty", "measured"}
+
 
 def builtin_rigs() -> list[str]:
     return sorted(path.stem for path in RIG_DIR.glob("*.json"))
@@ -125,11 +179,10 @@ def load_rig(source: str | Path) -> Rig:
 
 def rig_from_dict(data: Any, source: str = "<rig>", default_name: str = "rig") -> Rig:
     """Validate a parsed rig profile; every error names the file and the field."""
-    reader = _Reader(source)
+    reader = FieldReader(source)
     if not isinstance(data, dict):
         raise reader.error("", f"a rig profile must be an object, got {type(data).__name__}")
-    reader.only(data, "", {"name", "description", "ranks", "incumbent_cut", "shape", "noise_floor",
-                           "booted_cuts", "reference_model", "safety_band"})
+    reader.only(data, "", RIG_FIELDS)
     ranks_data = data.get("ranks")
     if not isinstance(ranks_data, list) or not ranks_data:
         raise reader.error("ranks", "a rig needs a non-empty list of ranks")
@@ -158,11 +211,10 @@ def rig_from_dict(data: Any, source: str = "<rig>", default_name: str = "rig") -
     )
 
 
-def _rank(reader: _Reader, where: str, item: Any) -> RankSpec:
+def _rank(reader: FieldReader, where: str, item: Any) -> RankSpec:
     if not isinstance(item, dict):
         raise reader.error(where, f"a rank must be an object, got {type(item).__name__}")
-    reader.only(item, where, {"name", "device", "memory", "overhead", "h2d_bandwidth", "corridor", "seam_reserve",
-                              "stage_ms", "margin", "workspace"})
+    reader.only(item, where, RANK_FIELDS)
     for required in ("name", "memory", "overhead", "h2d_bandwidth", "corridor", "seam_reserve"):
         if item.get(required) is None:
             raise reader.error(f"{where}.{required}", "is required" + (
@@ -174,7 +226,7 @@ def _rank(reader: _Reader, where: str, item: Any) -> RankSpec:
     if not isinstance(corridor, dict) or "band" not in corridor:
         raise reader.error(f"{where}.corridor", "needs {band: size, tolerance: fraction}, e.g. {band: 1GiB, "
                                                 "tolerance: 0.2}")
-    reader.only(corridor, f"{where}.corridor", {"band", "tolerance"})
+    reader.only(corridor, f"{where}.corridor", CORRIDOR_FIELDS)
     tolerance = corridor.get("tolerance", 0.0)
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
         raise reader.error(f"{where}.corridor.tolerance", f"must be a fraction in [0, 1) (got {tolerance!r})")
@@ -197,11 +249,11 @@ def _rank(reader: _Reader, where: str, item: Any) -> RankSpec:
     )
 
 
-def _seam_reserve(reader: _Reader, where: str, data: Any) -> SeamReserve:
+def _seam_reserve(reader: FieldReader, where: str, data: Any) -> SeamReserve:
     if not isinstance(data, dict) or not isinstance(data.get("estimate"), dict) or not data["estimate"]:
         raise reader.error(where, "needs {estimate: {component: size, ...}, uncertainty: size, measured: "
                                   "{attention_layers: {component: size}}}")
-    reader.only(data, where, {"estimate", "uncertainty", "measured"})
+    reader.only(data, where, SEAM_RESERVE_FIELDS)
     if data.get("uncertainty") is None:
         raise reader.error(f"{where}.uncertainty", "is required: an unbooted layout's floor is an estimate ± this")
     measured_data = data.get("measured", {})
@@ -217,41 +269,3 @@ def _seam_reserve(reader: _Reader, where: str, data: Any) -> SeamReserve:
         uncertainty_bytes=reader.size(data["uncertainty"], f"{where}.uncertainty"),
         measured=measured,
     )
-
-
-class _Reader:
-    """Field readers that raise RigError naming the file and the field path."""
-
-    def __init__(self, source: str):
-        self.source = source
-
-    def error(self, where: str, message: str) -> RigError:
-        return RigError(f"rig {self.source}: {where + ': ' if where else ''}{message}")
-
-    def only(self, data: dict, where: str, allowed: set[str]) -> None:
-        unknown = sorted(set(data) - allowed)
-        if unknown:
-            raise self.error(where, f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-
-    def size(self, value: Any, where: str) -> int:
-        try:
-            return parse_size(value, where)
-        except SolverError as error:
-            raise self.error("", str(error)) from error
-
-    def bandwidth(self, value: Any, where: str) -> float:
-        try:
-            return parse_bandwidth(value, where)
-        except SolverError as error:
-            raise self.error("", str(error)) from error
-
-    def components(self, data: Any, where: str) -> dict[str, int]:
-        if not isinstance(data, dict) or not data:
-            raise self.error(where, "must name at least one component, e.g. {staging: 512MiB}")
-        return {str(name): self.size(value, f"{where}.{name}") for name, value in data.items()}
-
-    def cut(self, value: Any, where: str, ranks: int) -> tuple[int, ...]:
-        if (not isinstance(value, list | tuple) or len(value) != ranks
-                or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)):
-            raise self.error(where, f"must be {ranks} positive layer counts, one per rank (got {value!r})")
-        return tuple(value)

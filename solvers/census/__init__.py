@@ -12,11 +12,12 @@ from typing import Any
 from solvers.census import families
 from solvers.census.families import ADAPTERS
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, ModelCensus
+from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
+from solvers.census.quantization import WEIGHT_DTYPES, price_weights
 from solvers.errors import CensusError
 
-__all__ = ["LayerCensus", "LayerKind", "ModelCensus", "builtin_models", "census_from_config", "load_census",
-           "read_config"]
+__all__ = ["WEIGHT_DTYPES", "LayerCensus", "LayerKind", "Linear", "ModelCensus", "builtin_models",
+           "census_from_config", "load_census", "read_config"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -53,8 +54,13 @@ def read_config(source: str | Path) -> tuple[dict[str, Any], str, str | None]:
     return config, str(path), name
 
 
-def census_from_config(config: dict[str, Any], source: str = "<config>", name: str | None = None) -> ModelCensus:
-    """Price a parsed config.json with the adapter for its `model_type`."""
+def census_from_config(config: dict[str, Any], source: str = "<config>", name: str | None = None, *,
+                       weight_dtype: str | None = None) -> ModelCensus:
+    """Price a parsed config.json with the adapter for its `model_type`.
+
+    Weights are priced as the checkpoint stores them (its quantization_config), or at `weight_dtype`
+    (bf16, fp16, fp32, fp8) when the operator serves them so.
+    """
     model_type = config.get("model_type")
     if not model_type:
         raise CensusError(f"{source}: config has no model_type; cannot tell which family adapter prices it")
@@ -63,13 +69,14 @@ def census_from_config(config: dict[str, Any], source: str = "<config>", name: s
         raise CensusError(
             f"{source}: family {model_type!r} has no adapter; known families: {', '.join(sorted(ADAPTERS))}"
         )
-    census = adapter(ConfigFields(config, model_type, source))
+    census = price_weights(adapter(ConfigFields(config, model_type, source)), config, source, weight_dtype)
     if name is not None:
         census = replace(census, name=name)
     return census
 
 
-def load_census(source: str | Path) -> ModelCensus:
+def load_census(source: str | Path, *, weight_dtype: str | None = None) -> ModelCensus:
     """The census of a built-in model name, a config.json path, or a folder holding one."""
     config, path, name = read_config(source)
-    return census_from_config(config, path, name or config.get("_name_or_path") or Path(path).parent.name)
+    return census_from_config(config, path, name or config.get("_name_or_path") or Path(path).parent.name,
+                              weight_dtype=weight_dtype)

@@ -7,8 +7,12 @@ the KV and state dtypes are the operator's choice, not the config's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from solvers.dtypes import width
+
+if TYPE_CHECKING:  # quantization prices layers, so it imports this module, not the other way round
+    from solvers.census.quantization import WeightQuantization
 
 
 class LayerKind:
@@ -27,10 +31,30 @@ class LayerKind:
 
 
 @dataclass(frozen=True)
+class Linear:
+    """One weight matrix of a layer (out x in), `count` copies of it when every expert has one.
+
+    Named as the module is named inside its decoder layer (`self_attn.q_proj`, `mlp.experts.*.up_proj`,
+    `*` standing for the expert index), because a checkpoint's quantization_config names the modules
+    it left unquantized. Its bias, if any, is not part of it: biases stay at the model dtype.
+    """
+
+    name: str
+    out_features: int
+    in_features: int
+    count: int = 1
+    gate: bool = False  # a router or gate: fp8 checkpoints keep these at the model dtype by default
+
+    @property
+    def params(self) -> int:
+        return self.count * self.out_features * self.in_features
+
+
+@dataclass(frozen=True)
 class LayerCensus:
     index: int
     kind: str
-    weight_params: int
+    weight_params: int  # everything the layer stores: its linears plus norms, biases, convs, ...
     # Elements stored per token by this layer's cache (full, MLA or sliding attention), else 0.
     kv_elements_per_token: int = 0
     # Sliding window: the cache is capped at this many tokens per sequence (a per-slot cost).
@@ -39,6 +63,8 @@ class LayerCensus:
     conv_state_elements: int = 0
     recurrent_state_elements: int = 0
     ffn: str = "dense"  # dense | moe | none
+    # The weight matrices among weight_params, which a weight quantization converts.
+    linears: tuple[Linear, ...] = ()
 
     @property
     def grows_with_tokens(self) -> bool:
@@ -64,7 +90,8 @@ class ModelCensus:
     intermediate_size: int  # widest FFN activation, for workspace estimates
     max_position_embeddings: int | None = None
     name: str | None = None
-    weight_width_override: float | None = None  # bytes per weight when the checkpoint is quantised
+    # How the decoder layers' linear weights are stored when not at `dtype` (an fp8 checkpoint).
+    quantization: WeightQuantization | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     # --- shape of the model -------------------------------------------------------------
@@ -88,10 +115,16 @@ class ModelCensus:
     # --- prices ---------------------------------------------------------------------------
     @property
     def weight_width(self) -> float:
-        return self.weight_width_override if self.weight_width_override is not None else width(self.dtype)
+        """Bytes per decoder-layer parameter: the dtype's width, or the average under a quantization."""
+        if self.quantization is None:
+            return width(self.dtype)
+        return sum(self.weight_bytes_per_layer()) / sum(layer.weight_params for layer in self.layers)
 
     def layer_weight_bytes(self, index: int) -> int:
-        return round(self.layers[index].weight_params * self.weight_width)
+        layer = self.layers[index]
+        if self.quantization is None:
+            return layer.weight_params * width(self.dtype)
+        return self.quantization.layer_bytes(layer, width(self.dtype))
 
     def weight_bytes_per_layer(self) -> list[int]:
         return [self.layer_weight_bytes(layer.index) for layer in self.layers]
@@ -149,6 +182,7 @@ class ModelCensus:
             "family": self.family,
             "model_type": self.model_type,
             "dtype": self.dtype,
+            "weight_quantization": None if self.quantization is None else self.quantization.to_dict(),
             "kv_dtype": kv_dtype or self.dtype,
             "state_dtype": state_dtype or self.dtype,
             "num_layers": self.num_layers,

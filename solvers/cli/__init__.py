@@ -1,7 +1,8 @@
 """The planner's command line: readable tables by default, `--json` for automation.
 
-Each sub-command returns (data, text); `main` prints one or the other and turns a SolverError
-into a one-line message on stderr with exit status 2, never a traceback.
+Each sub-command returns (data, text), or (data, text, status) when its answer is a refusal;
+`main` prints one or the other and turns a SolverError into a one-line message on stderr with exit
+status 2, never a traceback. Exit status: 0 answered, 2 bad input, 3 nothing asked about fits.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from solvers.cli import model_commands, plan_commands, shape_commands
+from solvers.cli.args import BAD_INPUT
 from solvers.errors import SolverError
 
 
@@ -30,15 +32,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        data, text = args.handler(args)
+        data, text, *status = args.handler(args)
     except SolverError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     try:
         print(json.dumps(data, indent=2, default=_json_default) if getattr(args, "json", False) else text)
     except BrokenPipeError:  # the reader (e.g. `| head`) went away; nothing left to say
         sys.stderr.close()
-    return 0
+    return status[0] if status else 0
 
 
 def _json_default(value: object) -> object:

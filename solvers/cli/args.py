@@ -1,16 +1,40 @@
-"""Arguments several sub-commands share."""
+"""Arguments and outcomes several sub-commands share."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
 
+from solvers.capacity import weights_exceed_rig
+from solvers.census import WEIGHT_DTYPES, ModelCensus, load_census
 from solvers.dtypes import KV_DTYPES
+from solvers.rig import Rig
 from solvers.serving import ServingShape
+
+BAD_INPUT = 2  # the input could not be priced; nothing was answered
+NOTHING_FITS = 3  # answered with a refusal: nothing asked about fits (a cut, every cut, a rung, a shape)
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_weight_dtype_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weight-dtype", choices=WEIGHT_DTYPES,
+                        help="price the weights at this dtype (default: as the checkpoint stores them); fp8 is 1 byte "
+                             "a weight + an fp32 scale per 128x128 block of each linear, the rest at the model dtype")
+
+
+def load_model(args: argparse.Namespace, source: str) -> ModelCensus:
+    return load_census(source, weight_dtype=args.weight_dtype)
+
+
+def weights_refusal(model: ModelCensus, rig: Rig) -> tuple[dict, str, int] | None:
+    """One line instead of a table of refused cuts when the weights alone exceed the rig."""
+    refusal = weights_exceed_rig(model, rig)
+    if refusal is None:
+        return None
+    return refusal.to_dict(), f"REFUSED: {refusal.message}", NOTHING_FITS
 
 
 def add_shape_flags(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 
 from solvers.capacity import CutPricer
-from solvers.census import builtin_models, load_census
-from solvers.cli.args import add_json_flag, add_shape_flags, shape_from_args
+from solvers.census import builtin_models
+from solvers.cli.args import (
+    NOTHING_FITS,
+    add_json_flag,
+    add_shape_flags,
+    add_weight_dtype_flag,
+    load_model,
+    shape_from_args,
+    weights_refusal,
+)
 from solvers.dtypes import KV_DTYPES
 from solvers.rig import builtin_rigs, load_rig
 from solvers.tables import render
@@ -22,11 +30,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     census.add_argument("config")
     census.add_argument("--kv-dtype", choices=KV_DTYPES, help="KV cache dtype (default: the model's)")
     census.add_argument("--state-dtype", choices=KV_DTYPES, help="recurrent state dtype (default: the model's)")
+    add_weight_dtype_flag(census)
     add_json_flag(census)
     census.set_defaults(handler=run_census)
 
     rig = commands.add_parser("rig", help="show a rig profile (built-in name or YAML/JSON file)",
-                              description=f"built-in rigs: {', '.join(builtin_rigs())}")
+                              description=f"built-in rigs: {', '.join(builtin_rigs())}. --json prints the rig file "
+                                          "schema, so the output loads back as a --rig file.")
     rig.add_argument("rig")
     add_json_flag(rig)
     rig.set_defaults(handler=run_rig)
@@ -36,13 +46,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     pool.add_argument("--model", required=True)
     pool.add_argument("--cut", help="pipeline cut, e.g. 28,20,16 (default: the rig's incumbent)")
     pool.add_argument("--tp-vector", help="price a tensor-parallel layout with this token vector, e.g. 2.4:1:1")
+    add_weight_dtype_flag(pool)
     add_shape_flags(pool)
     add_json_flag(pool)
     pool.set_defaults(handler=run_pool)
 
 
 def run_census(args: argparse.Namespace) -> tuple[dict, str]:
-    census = load_census(args.config)
+    census = load_model(args, args.config)
     data = census.summary(args.kv_dtype, args.state_dtype)
     rows = [
         (layer.index, layer.kind, layer.ffn, format_bytes(census.layer_weight_bytes(layer.index)),
@@ -52,7 +63,8 @@ def run_census(args: argparse.Namespace) -> tuple[dict, str]:
     ]
     text = "\n".join([
         f"{data['name']}  family {census.family}  {census.num_layers} layers  "
-        f"{len(census.attention_layers)} attention  weights {format_bytes(census.weight_bytes_total)}",
+        f"{len(census.attention_layers)} attention  weights {format_bytes(census.weight_bytes_total)} "
+        f"({census.dtype if census.quantization is None else census.quantization.describe()})",
         f"KV {data['kv_bytes_per_token']} B/token ({data['kv_dtype']})   state "
         f"{format_bytes(data['state_bytes_per_sequence'])}/sequence ({data['state_dtype']})   "
         f"embeddings {format_bytes(census.embedding_bytes)}  head {format_bytes(census.head_bytes)}"
@@ -66,16 +78,7 @@ def run_census(args: argparse.Namespace) -> tuple[dict, str]:
 
 def run_rig(args: argparse.Namespace) -> tuple[dict, str]:
     rig = load_rig(args.rig)
-    ranks = [{
-        "name": r.name, "device": r.device, "memory_bytes": r.memory_bytes, "overhead_bytes": r.overhead_bytes,
-        "h2d_bytes_per_s": r.h2d_bytes_per_s, "corridor_band_bytes": r.corridor_band_bytes,
-        "corridor_tolerance": r.corridor_tolerance, "stage_ms": r.stage_ms,
-        "seam_reserve_estimate": r.seam_reserve.estimate,
-        "seam_reserve_measured": r.seam_reserve.measured, "uncertainty_bytes": r.seam_reserve.uncertainty_bytes,
-    } for r in rig.ranks]
-    data = {"name": rig.name, "description": rig.description, "incumbent_cut": rig.incumbent_cut,
-            "reference_model": rig.reference_model, "noise_floor": rig.noise_floor, "shape": rig.shape.to_dict(),
-            "ranks": ranks}
+    data = rig.to_dict()  # the schema load_rig reads: `rig X --json > r.json` is a rig file
     rows = [(r.name, r.device, format_bytes(r.memory_bytes), format_bytes(r.overhead_bytes),
              f"{r.h2d_bytes_per_s / 1e9:.1f} GB/s", r.stage_ms) for r in rig.ranks]
     text = "\n".join([
@@ -86,9 +89,11 @@ def run_rig(args: argparse.Namespace) -> tuple[dict, str]:
     return data, text
 
 
-def run_pool(args: argparse.Namespace) -> tuple[dict, str]:
-    model, rig = load_census(args.model), load_rig(args.rig)
+def run_pool(args: argparse.Namespace) -> tuple[dict, str] | tuple[dict, str, int]:
+    model, rig = load_model(args, args.model), load_rig(args.rig)
     shape = shape_from_args(args, rig.shape)
+    if refused := weights_refusal(model, rig):
+        return refused
     if args.tp_vector:
         result = tp_pool(model, rig, args.tp_vector, shape)
         rows = [(i, rig.ranks[i].name, f"{share:.3f}", cap) for i, (share, cap)
@@ -98,7 +103,7 @@ def run_pool(args: argparse.Namespace) -> tuple[dict, str]:
              f"capacity reaches {result.sum_of_capacities}") if result.feasible else "REFUSED",
             *[f"refused: {r}" for r in result.reasons], "",
             render(["rank", "name", "share", "capacity"], rows)])
-        return result.to_dict(), text
+        return (result.to_dict(), text) if result.feasible else (result.to_dict(), text, NOTHING_FITS)
     notes = []
     if args.cut:
         cut = parse_cut(args.cut)
@@ -119,4 +124,4 @@ def run_pool(args: argparse.Namespace) -> tuple[dict, str]:
         render(["rank", "name", "attn", "budget", "weights", "state", "rest", "floor", "allowed", "used", "slack"],
                rows),
     ])
-    return data, text
+    return (data, text) if result.feasible else (data, text, NOTHING_FITS)

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from solvers.census import load_census
-from solvers.cli.args import add_json_flag, add_shape_flags, comma_separated, shape_from_args
+from solvers.cli.args import (
+    NOTHING_FITS,
+    add_json_flag,
+    add_shape_flags,
+    add_weight_dtype_flag,
+    comma_separated,
+    load_model,
+    shape_from_args,
+    weights_refusal,
+)
 from solvers.errors import SolverError
 from solvers.frontier import DEFAULT_REFUSED_LIMIT, compute_frontier
 from solvers.rig import DEFAULT_NOISE_FLOOR, load_rig
@@ -32,6 +40,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     frontier.add_argument("--refused-limit", type=int, default=DEFAULT_REFUSED_LIMIT,
                           help="list at most this many refused cuts (the total is always exact)")
     frontier.add_argument("--show-refused", action="store_true", help="list refused cuts in the table output")
+    add_weight_dtype_flag(frontier)
     add_shape_flags(frontier)
     add_json_flag(frontier)
     frontier.set_defaults(handler=run_frontier)
@@ -58,8 +67,10 @@ def run_timing(args: argparse.Namespace) -> tuple[dict, str]:
     return data, text
 
 
-def run_frontier(args: argparse.Namespace) -> tuple[dict, str]:
-    model, rig = load_census(args.model), load_rig(args.rig)
+def run_frontier(args: argparse.Namespace) -> tuple[dict, str] | tuple[dict, str, int]:
+    model, rig = load_model(args, args.model), load_rig(args.rig)
+    if refused := weights_refusal(model, rig):
+        return refused
     result = compute_frontier(model, rig, shape=shape_from_args(args, rig.shape),
                               min_pool_ratio=args.min_pool_ratio, refused_limit=args.refused_limit)
     head = result.incumbent
@@ -81,4 +92,7 @@ def run_frontier(args: argparse.Namespace) -> tuple[dict, str]:
     ]
     if args.show_refused:
         lines += ["", render(["refused cut", "reason"], [(list(r.cut), "; ".join(r.reasons)) for r in result.refused])]
+    if result.refused_total == result.total_cuts:
+        lines.insert(0, f"REFUSED: every one of the {result.total_cuts} cuts is refused (--show-refused lists why)")
+        return result.to_dict(), "\n".join(lines), NOTHING_FITS
     return result.to_dict(), "\n".join(lines)

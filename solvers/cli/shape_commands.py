@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from solvers.calibration import coverage
-from solvers.census import load_census
-from solvers.cli.args import add_json_flag, comma_separated
+from solvers.cli.args import (
+    NOTHING_FITS,
+    add_json_flag,
+    add_weight_dtype_flag,
+    comma_separated,
+    load_model,
+    weights_refusal,
+)
 from solvers.dtypes import KV_DTYPES
 from solvers.errors import SolverError
 from solvers.ladder import decide, price_ladder
@@ -30,6 +37,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     fit_cmd.add_argument("--rig")
     fit_cmd.add_argument("--cut", type=parse_cut, help="with --rig: the cut to price (default: incumbent)")
     fit_cmd.add_argument("--kv-dtype", choices=KV_DTYPES)
+    add_weight_dtype_flag(fit_cmd)
     fit_cmd.add_argument("--max-model-len", type=int, required=True)
     fit_cmd.add_argument("--seqs", type=int, default=1, help="concurrent sequences in the contract (default 1)")
     fit_cmd.add_argument("--safety-band", help="free band kept after everything (default: 0 for raw arithmetic, "
@@ -45,6 +53,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     shape.add_argument("--start", type=int, help="first max_model_len to try (default: the model's limit)")
     shape.add_argument("--step", type=int, default=DEFAULT_STEP)
     shape.add_argument("--safety-band")
+    add_weight_dtype_flag(shape)
     add_json_flag(shape)
     shape.set_defaults(handler=run_shape)
 
@@ -57,6 +66,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     ladder.add_argument("--descend-below", type=_TOKENS, help="tokens; one per step up the chain")
     ladder.add_argument("--steps-per-s", type=float, default=10.0)
     ladder.add_argument("--max-payback-s", type=float, default=60.0)
+    add_weight_dtype_flag(ladder)
     add_json_flag(ladder)
     ladder.set_defaults(handler=run_ladder)
 
@@ -70,22 +80,26 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 
-def run_fit(args: argparse.Namespace) -> tuple[dict, str]:
+def run_fit(args: argparse.Namespace) -> tuple[dict, str] | tuple[dict, str, int]:
     if args.model or args.rig:
         if not (args.model and args.rig) or args.pool_bytes or args.kv_bytes_per_token:
             raise SolverError("fit: give --model and --rig together, or --kv-bytes-per-token and --pool-bytes")
-        model, rig = load_census(args.model), load_rig(args.rig)
+        model, rig = load_model(args, args.model), load_rig(args.rig)
+        if refused := weights_refusal(model, rig):
+            return refused
         result = fit_on_rig(model, rig, args.max_model_len, args.seqs, cut=args.cut, kv_dtype=args.kv_dtype,
                             safety_band_bytes=args.safety_band)
         data = result.to_dict()
         if result.fit is not None:
             data.update(tokens=result.fit.tokens, concurrency=result.fit.concurrency)
-        return data, _fit_text(data)
-    if args.pool_bytes is None or args.kv_bytes_per_token is None:
-        raise SolverError("fit: give --kv-bytes-per-token and --pool-bytes, or --model and --rig")
-    result = fit(parse_size(args.pool_bytes, "--pool-bytes"), args.kv_bytes_per_token, args.max_model_len,
-                 args.seqs, args.safety_band if args.safety_band is not None else 0)
-    return result.to_dict(), _fit_text(result.to_dict())
+        fits = result.fit is not None and result.fit.fits
+    else:
+        if args.pool_bytes is None or args.kv_bytes_per_token is None:
+            raise SolverError("fit: give --kv-bytes-per-token and --pool-bytes, or --model and --rig")
+        result = fit(parse_size(args.pool_bytes, "--pool-bytes"), args.kv_bytes_per_token, args.max_model_len,
+                     args.seqs, args.safety_band if args.safety_band is not None else 0)
+        data, fits = result.to_dict(), result.fits
+    return (data, _fit_text(data)) if fits else (data, _fit_text(data), NOTHING_FITS)
 
 
 def _fit_text(data: dict) -> str:
@@ -103,12 +117,15 @@ def _fit_text(data: dict) -> str:
     return "\n".join(lines)
 
 
-def run_shape(args: argparse.Namespace) -> tuple[dict, str]:
-    model, rig = load_census(args.model), load_rig(args.rig)
+def run_shape(args: argparse.Namespace) -> tuple[dict, str] | tuple[dict, str, int]:
+    model, rig = load_model(args, args.model), load_rig(args.rig)
+    if refused := weights_refusal(model, rig):
+        return refused
     priced = fit_on_rig(model, rig, rig.shape.max_model_len, args.seqs, cut=args.cut,
                         safety_band_bytes=args.safety_band)
-    if priced.pool_tokens is None:
-        raise SolverError(priced.refusal or "the cut is refused")
+    if priced.pool_tokens is None:  # the cut itself is refused: no max_model_len can fit
+        data = priced.to_dict()
+        return data, f"REFUSED: {data['refusal']}", NOTHING_FITS
     pool_bytes = priced.pool_tokens * priced.bytes_per_token
     result = largest_max_model_len(pool_bytes, priced.bytes_per_token, args.seqs, start=args.start, model=model,
                                    step=args.step, safety_band_bytes=args.safety_band)
@@ -118,11 +135,13 @@ def run_shape(args: argparse.Namespace) -> tuple[dict, str]:
                 else f"REFUSED: {result.refusal}")
     text = "\n".join([f"cut {data['cut']}  pool {format_bytes(pool_bytes)}", headline, "",
                       render(["max_model_len", "result"], rows)])
-    return data, text
+    return (data, text) if result.max_model_len else (data, text, NOTHING_FITS)
 
 
-def run_ladder(args: argparse.Namespace) -> tuple[dict, str]:
-    model, rig = load_census(args.model), load_rig(args.rig)
+def run_ladder(args: argparse.Namespace) -> tuple[dict, str] | tuple[dict, str, int]:
+    model, rig = load_model(args, args.model), load_rig(args.rig)
+    if refused := weights_refusal(model, rig):
+        return refused
     ladder = price_ladder(model, rig, args.rung)
     data = ladder.to_dict()
     lines = [f"switch cost {data['switch_cost_s']:.3f} s (slowest rank; the same for every destination)", "",
@@ -139,6 +158,8 @@ def run_ladder(args: argparse.Namespace) -> tuple[dict, str]:
         data["moves"] = [move.to_dict() for move in moves]
         lines += ["", render(["tick", "from", "to", "reason", "fill"],
                              [(m.tick, list(m.from_cut), list(m.to_cut), m.reason, m.fill_tokens) for m in moves])]
+    if not any(rung["feasible"] for rung in data["rungs"]):
+        return data, "\n".join(["REFUSED: every rung is refused", *lines]), NOTHING_FITS
     return data, "\n".join(lines)
 
 
@@ -180,4 +201,6 @@ def run_calibrate(args: argparse.Namespace) -> tuple[dict, str]:
     for plan in data["arms"]:
         lines.append(f"rank {plan['rank']} is unidentified; calibration arms: "
                      + ", ".join(str(arm["cut"]) for arm in plan["arms"]))
+    for warning in result.warnings:  # on stderr in both forms, so --json output stays one document
+        print(f"warning: {warning.message}", file=sys.stderr)
     return data, "\n".join(lines)

@@ -150,3 +150,29 @@ def test_coverage_to_dict_is_json_ready():
     import json
     text = json.dumps(coverage([(INCUMBENT, MS), ((29, 19, 16), (51.0, 147.1, 116.0))]).to_dict(), allow_nan=False)
     assert '"unidentified": [2]' in text
+
+
+def test_an_unidentified_rank_warns_naming_it_and_the_cuts_that_move_it():
+    samples = [((28, 20, 16), MS), ((29, 19, 16), (51.0, 147.1, 116.0)), ((27, 21, 16), (47.4, 162.4, 116.8))]
+    (warning,) = [w for w in coverage(samples, sd_ms=2.0).warnings if w.rank == 2]
+    assert warning.problem == "unidentified"
+    assert "rank 2: ms/layer cannot be identified" in warning.message
+    assert "measure a cut that moves rank 2, e.g. [28, 19, 17] or [28, 21, 15]" in warning.message
+
+
+def test_a_negative_fit_warns_with_the_fix():
+    # Rank 0 slower with fewer layers: the slope is negative; rank 1 fits a negative fixed cost.
+    samples = [((28, 20, 16), (60.0, 154.8, 116.4)), ((30, 18, 16), (50.0, 120.0, 116.9))]
+    report = coverage(samples, sd_ms=2.0)
+    problems = {(w.rank, w.problem): w.message for w in report.warnings}
+    assert {(0, "negative_ms_per_layer"), (1, "negative_fixed_ms"), (2, "unidentified")} == set(problems)
+    assert problems[(0, "negative_ms_per_layer")].startswith("rank 0: fitted ms/layer -5 is not positive")
+    assert "measure a cut that moves rank 1 further than 2 layer(s)" in problems[(1, "negative_fixed_ms")]
+    assert report.to_dict()["warnings"][0]["rank"] == 0
+
+
+def test_a_clean_fit_and_a_one_rank_rig():
+    samples = [((28, 20, 16), MS), ((30, 18, 16), (52.3, 140.1, 116.9))]
+    assert [w.rank for w in coverage(samples, sd_ms=3.0).warnings] == [2]
+    (single,) = coverage([((16,), (9.0,))] * 2).warnings
+    assert "one-rank rig" in single.message

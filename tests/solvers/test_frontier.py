@@ -168,9 +168,9 @@ def small_case(draw):
     rank_list = []
     for i in range(ranks):
         rank_list.append({
-            "name": f"r{i}", "memory": draw(st.integers(8, 40)) * MIB, "overhead": MIB, "h2d_bandwidth": "1GB/s",
-            "corridor": {"band": "4MiB", "tolerance": 0.25}, "workspace": draw(st.integers(0, 4)) * MIB,
-            "seam_reserve": {"estimate": {"staging": draw(st.integers(0, 3)) * MIB}, "uncertainty": "1MiB"},
+            "name": f"r{i}", "memory": f"{draw(st.integers(8, 40))}MiB", "overhead": "1MiB", "h2d_bandwidth": "1GB/s",
+            "corridor": {"band": "4MiB", "tolerance": 0.25}, "workspace": f"{draw(st.integers(0, 4))}MiB",
+            "seam_reserve": {"estimate": {"staging": f"{draw(st.integers(0, 3))}MiB"}, "uncertainty": "1MiB"},
             # Few decimals, so equal stage times across ranks (8 x 7.7 = 14 x 4.4) do happen.
             "stage_ms": draw(st.integers(1, 400)) / 10,
         })

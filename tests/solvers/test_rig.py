@@ -1,5 +1,6 @@
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 from factories import rig_dict
@@ -93,3 +94,52 @@ def test_measured_reserves_are_keyed_by_attention_layers():
     data["ranks"][0]["seam_reserve"]["measured"] = {"three": {"staging": "1MiB"}}
     with pytest.raises(RigError, match="attention-layer counts"):
         rig_from_dict(data)
+
+
+@pytest.mark.parametrize("name", builtin_rigs())
+def test_every_builtin_rig_round_trips_through_its_dict(name, tmp_path):
+    rig = load_rig(name)
+    path = tmp_path / "rig.json"
+    path.write_text(json.dumps(rig.to_dict()))
+    assert replace(load_rig(str(path)), source=rig.source) == rig
+
+
+def test_every_optional_field_round_trips():
+    data = rig_dict(["64MiB", "32MiB"], incumbent_cut=[3, 2], booted_cuts=[[4, 1]], safety_band="3MiB",
+                    noise_floor=0.05, reference_model="demo-hybrid-16", description="two ranks")
+    data["ranks"][0].update(margin="512KiB", stage_ms=3.5, device="cuda:0")
+    data["ranks"][1]["seam_reserve"]["measured"] = {"2": {"staging": "1536KiB"}}
+    data["ranks"][1].update(memory="1000000001B", h2d_bandwidth="6.5GB/s")
+    rig = rig_from_dict(data)
+    assert rig_from_dict(json.loads(json.dumps(rig.to_dict()))) == rig
+    assert rig.to_dict()["ranks"][1]["memory"] == "1000000001B"  # no unit holds it exactly: bytes, said so
+
+
+@pytest.mark.parametrize("where, value", [
+    ("memory", 24), ("memory", "24"), ("memory", 25769803776), ("overhead", 600), ("margin", "5"),
+    ("workspace", 1.5), ("h2d_bandwidth", 25), ("h2d_bandwidth", "25/s"),
+])
+def test_a_size_without_a_unit_is_refused(where, value):
+    data = rig_dict(["64MiB"])
+    data["ranks"][0][where] = value
+    with pytest.raises(RigError, match=rf"ranks\[0\]\.{where}: .*has no unit \(bytes or GB\?\); write '.*GiB' or "
+                                      r"'.*GB'"):
+        rig_from_dict(data, source="bare.yaml")
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda d: d["ranks"][0]["corridor"].update(band=1024), r"corridor\.band"),
+    (lambda d: d["ranks"][0]["seam_reserve"]["estimate"].update(staging=512), r"seam_reserve\.estimate\.staging"),
+    (lambda d: d.update(safety_band=2), "safety_band"),
+])
+def test_every_size_field_needs_a_unit(mutate, where):
+    with pytest.raises(RigError, match=where + ".*has no unit"):
+        rig_from_dict(_broken(mutate))
+
+
+@pytest.mark.parametrize("zero", [0, "0", 0.0])
+def test_zero_needs_no_unit(zero):
+    data = rig_dict(["64MiB"])
+    data["ranks"][0].update(overhead=zero, margin=zero)
+    rank = rig_from_dict(data).ranks[0]
+    assert rank.overhead_bytes == rank.margin_bytes == 0

@@ -1,14 +1,16 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
-from solvers.cli import main
+from solvers.cli import build_parser, main
+from solvers.rig import builtin_rigs, load_rig
 
 
-def run_json(capsys, *argv):
-    assert main([*argv, "--json"]) == 0
+def run_json(capsys, *argv, status=0):
+    assert main([*argv, "--json"]) == status
     return json.loads(capsys.readouterr().out)
 
 
@@ -58,7 +60,8 @@ def test_pool_reports_a_rescaled_incumbent(capsys):
 def test_tp_pool_from_the_command_line(capsys):
     data = run_json(capsys, "pool", "--rig", "cpu-demo", "--model", "demo-hybrid-16", "--tp-vector", "2:1:1")
     assert data["rule"] == "tp" and data["feasible"] and data["pool_tokens"] > 0
-    refused = run_json(capsys, "pool", "--rig", "reference", "--model", "reference-hybrid-64", "--tp-vector", "1:1:1")
+    refused = run_json(capsys, "pool", "--rig", "reference", "--model", "reference-hybrid-64", "--tp-vector", "1:1:1",
+                       status=3)
     assert not refused["feasible"] and "cannot clear its arming floor" in refused["reasons"][0]
 
 
@@ -112,7 +115,7 @@ def test_fit_on_a_rig_prices_the_pool_itself(capsys):
     assert data["cut"] == [28, 20, 16] and data["binding_rank"] == 1
     assert data["tokens"] == data["pool_tokens"] and data["fits"]
     refused = run_json(capsys, "fit", "--model", "reference-hybrid-64", "--rig", "reference", "--max-model-len",
-                       "32768", "--seqs", "64")
+                       "32768", "--seqs", "64", status=3)
     assert not refused["fits"] and "does not fit" in refused["refusal"]
 
 
@@ -146,3 +149,73 @@ def test_ladder_and_calibrate_commands(capsys):
 def test_bad_shape_input_is_refused(capsys, argv, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["pool", "frontier", "fit", "shape", "ladder"])
+def test_weights_that_exceed_the_rig_are_one_line_and_exit_3(capsys, command):
+    extra = {"fit": ["--max-model-len", "4096"], "ladder": ["--rung", "1,1,46", "--rung", "46,1,1"]}.get(command, [])
+    assert main([command, "--rig", "reference", "--model", "qwen3-next-80b-a3b", *extra]) == 3
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0 and out.startswith("REFUSED: the weights alone exceed the rig")
+    assert "needs 148.41 GiB of weights, rig reference holds 70.24 GiB" in out
+    data = run_json(capsys, command, "--rig", "reference", "--model", "qwen3-next-80b-a3b", *extra, status=3)
+    assert data["weights_bytes"] > data["available_bytes"] and not data["feasible"]
+
+
+def test_the_weight_dtype_decides_whether_the_model_fits(capsys):
+    """Qwen3-Next's 148 GiB of bf16 weights exceed one H200; priced at fp8 they leave a pool."""
+    bf16 = run_json(capsys, "pool", "--rig", "h200", "--model", "qwen3-next-80b-a3b", status=3)
+    fp8 = run_json(capsys, "pool", "--rig", "h200", "--model", "qwen3-next-80b-a3b", "--weight-dtype", "fp8")
+    assert fp8["feasible"] and fp8["ranks"][0]["weights"] < bf16["weights_bytes"] / 1.9
+    census = run_json(capsys, "census", "qwen3-next-80b-a3b", "--weight-dtype", "fp8")
+    assert census["weight_quantization"]["block"] == [128, 128]
+
+
+@pytest.mark.parametrize("command", ["census", "pool", "frontier", "fit", "shape", "ladder"])
+def test_every_command_that_reads_a_model_takes_a_weight_dtype(command):
+    parser = build_parser()
+    model = ["demo-hybrid-16"] if command == "census" else ["--model", "demo-hybrid-16", "--rig", "cpu-demo"]
+    extra = {"fit": ["--max-model-len", "64"], "ladder": ["--rung", "7,5,4"]}.get(command, [])
+    assert parser.parse_args([command, *model, *extra, "--weight-dtype", "fp8"]).weight_dtype == "fp8"
+
+
+def test_a_frontier_whose_every_cut_is_refused_exits_3(capsys):
+    assert main(["frontier", "--rig", "reference", "--model", "reference-hybrid-64", "--max-model-len",
+                 "4000000"]) == 3
+    assert capsys.readouterr().out.startswith("REFUSED: every one of the 1953 cuts is refused")
+    data = run_json(capsys, "frontier", "--rig", "reference", "--model", "reference-hybrid-64", "--max-model-len",
+                    "4000000", status=3)
+    assert data["points"] == [] and data["refused_total"] == data["total_cuts"] == 1953
+
+
+def test_refusals_exit_3(capsys):
+    assert main(["pool", "--rig", "reference", "--model", "reference-hybrid-64", "--cut", "10,10,44"]) == 3
+    assert main(["ladder", "--rig", "reference", "--model", "reference-hybrid-64", "--rung", "10,10,44"]) == 3
+    assert main(["shape", "--rig", "reference", "--model", "reference-hybrid-64", "--cut", "10,10,44"]) == 3
+    assert main(["ladder", "--rig", "reference", "--model", "reference-hybrid-64", "--rung", "28,20,16",
+                 "--rung", "30,17,17"]) == 0  # a rung fits: the ladder is an answer
+
+
+@pytest.mark.parametrize("name", builtin_rigs())
+def test_rig_json_is_a_rig_file(capsys, tmp_path, name):
+    """`solvers rig X --json > r.json; solvers pool --rig r.json` reads back the same rig."""
+    data = run_json(capsys, "rig", name)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert load_rig(str(path)) == replace(load_rig(name), source=str(path))
+    model = load_rig(name).reference_model
+    assert main(["pool", "--rig", str(path), "--model", model, "--json"]) in (0, 3)
+    assert capsys.readouterr().err == ""
+
+
+def test_calibrate_warns_on_an_unidentified_rank_and_a_negative_fit(capsys):
+    argv = ["calibrate", "--sample", "28,20,16:49.2,154.8,116.4", "--sample", "30,18,16:62.0,150.0,116.9",
+            "--sample", "29,19,16:49.0,151.0,116.2"]
+    assert main([*argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    warnings = json.loads(captured.out)["warnings"]
+    assert {(w["rank"], w["problem"]) for w in warnings} >= {(2, "unidentified"), (0, "negative_fixed_ms")}
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == len(warnings) and all(line.startswith("warning: rank ") for line in lines)
+    assert any("rank 2: ms/layer cannot be identified" in line and "measure a cut that moves rank 2" in line
+               for line in lines)

@@ -6,7 +6,7 @@ Not an adapter itself; the family modules (llama, qwen, gemma, ...) build on it.
 from __future__ import annotations
 
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind
+from solvers.census.model import LayerCensus, LayerKind, Linear
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
 
@@ -24,17 +24,28 @@ def attention_params(
     return params
 
 
+def attention_linears(hidden: int, heads: int, kv_heads: int, head_dim: int, *, prefix: str = "self_attn",
+                      q_gate: bool = False) -> list[Linear]:
+    """The q/k/v/o matrices attention_params counts (`q_gate`: q_proj also emits an output gate, Qwen3-Next)."""
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim
+    return [Linear(f"{prefix}.q_proj", q_width * (2 if q_gate else 1), hidden),
+            Linear(f"{prefix}.k_proj", kv_width, hidden), Linear(f"{prefix}.v_proj", kv_width, hidden),
+            Linear(f"{prefix}.o_proj", hidden, q_width)]
+
+
 def attention_layer(
     index: int, weight_params: int, *, kv_heads: int, head_dim: int, window: int | None = None, ffn: str = "dense",
+    linears: list[Linear] | tuple[Linear, ...] = (),
 ) -> LayerCensus:
     """A full or sliding attention layer; a window turns its KV into a per-sequence cost capped at `window`."""
     kv_elements = 2 * kv_heads * head_dim
     if window:
         return LayerCensus(
             index, LayerKind.SLIDING_ATTENTION, weight_params,
-            kv_elements_per_token=kv_elements, window_tokens=int(window), ffn=ffn,
+            kv_elements_per_token=kv_elements, window_tokens=int(window), ffn=ffn, linears=tuple(linears),
         )
-    return LayerCensus(index, LayerKind.FULL_ATTENTION, weight_params, kv_elements_per_token=kv_elements, ffn=ffn)
+    return LayerCensus(index, LayerKind.FULL_ATTENTION, weight_params, kv_elements_per_token=kv_elements, ffn=ffn,
+                       linears=tuple(linears))
 
 
 def declared_layer_types(fields: ConfigFields, num_layers: int) -> list[str] | None:

@@ -11,7 +11,7 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import attention_layer, require_all
 from solvers.census.families.common import build_census, mlp_params
 from solvers.census.fields import ConfigFields
-from solvers.census.model import ModelCensus
+from solvers.census.model import Linear, ModelCensus
 
 
 @adapter("chatglm")
@@ -32,7 +32,13 @@ def chatglm(fields: ConfigFields) -> ModelCensus:
     qkv_width = (heads + 2 * kv_heads) * head_dim
     attention = hidden * qkv_width + qkv_bias * qkv_width + heads * head_dim * hidden + linear_bias * hidden
     per_layer = attention + mlp_params(hidden, ffn_hidden, bias=linear_bias) + 2 * norm
-    layers = [attention_layer(index, per_layer, kv_heads=kv_heads, head_dim=head_dim) for index in range(num_layers)]
+    linears = [
+        Linear("self_attention.query_key_value", qkv_width, hidden), Linear("self_attention.dense", hidden,
+                                                                             heads * head_dim),
+        Linear("mlp.dense_h_to_4h", 2 * ffn_hidden, hidden), Linear("mlp.dense_4h_to_h", hidden, ffn_hidden),
+    ]
+    layers = [attention_layer(index, per_layer, kv_heads=kv_heads, head_dim=head_dim, linears=linears)
+              for index in range(num_layers)]
     final_norm = norm if fields.get("post_layer_norm", default=True) else 0
     notes = ()
     if fields.get("pre_seq_len", default=None):

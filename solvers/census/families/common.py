@@ -1,9 +1,10 @@
-"""Building blocks every family adapter shares: MLP/MoE parameter counts and the census frame."""
+"""Building blocks every family adapter shares: MLP/MoE parameter counts, their weight matrices
+(named as transformers names the modules) and the census frame."""
 
 from __future__ import annotations
 
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, ModelCensus
+from solvers.census.model import LayerCensus, Linear, ModelCensus
 
 
 def mlp_params(hidden: int, intermediate: int, *, gated: bool = True, bias: bool = False) -> int:
@@ -21,6 +22,29 @@ def moe_params(
     experts = num_experts * mlp_params(hidden, expert_intermediate)
     shared = mlp_params(hidden, shared_intermediate) if shared_intermediate else 0
     return router + experts + shared + (hidden if shared_gate and shared_intermediate else 0)
+
+
+def mlp_linears(hidden: int, intermediate: int, *, prefix: str = "mlp", gated: bool = True,
+                count: int = 1) -> list[Linear]:
+    """gate/up/down projections (up/down when not gated); `count` copies, `*` in `prefix` for experts."""
+    names = ("gate_proj", "up_proj") if gated else ("up_proj",)
+    return [*(Linear(f"{prefix}.{name}", intermediate, hidden, count) for name in names),
+            Linear(f"{prefix}.down_proj", hidden, intermediate, count)]
+
+
+def moe_linears(
+    hidden: int, num_experts: int, expert_intermediate: int, *, prefix: str = "mlp", router: str = "gate",
+    shared_intermediate: int = 0, shared: str = "shared_expert", shared_gate: bool = False, gated: bool = True,
+) -> list[Linear]:
+    """The matrices moe_params counts: router, routed experts, shared expert and its gate."""
+    linears = [Linear(f"{prefix}.{router}", num_experts, hidden, gate=True),
+               *mlp_linears(hidden, expert_intermediate, prefix=f"{prefix}.experts.*", gated=gated,
+                            count=num_experts)]
+    if shared_intermediate:
+        linears += mlp_linears(hidden, shared_intermediate, prefix=f"{prefix}.{shared}", gated=gated)
+        if shared_gate:
+            linears.append(Linear(f"{prefix}.shared_expert_gate", 1, hidden, gate=True))
+    return linears
 
 
 def build_census(

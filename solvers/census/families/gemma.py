@@ -14,11 +14,12 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import (
     KV_HEADS,
     attention_layer,
+    attention_linears,
     attention_params,
     declared_layer_types,
     require_all,
 )
-from solvers.census.families.common import build_census, mlp_params
+from solvers.census.families.common import build_census, mlp_linears, mlp_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
 
@@ -90,12 +91,13 @@ def gemma(fields: ConfigFields) -> ModelCensus:
         hidden, heads, kv_heads, head_dim, qkv_bias=bias, o_bias=bias, qk_norm=fields.family != "gemma2"
     )
     per_layer += mlp_params(hidden, intermediate) + 4 * hidden  # four RMSNorms
+    linears = attention_linears(hidden, heads, kv_heads, head_dim) + mlp_linears(hidden, intermediate)
     layer_types = _layer_types(text, num_layers)
     window = text.get("sliding_window") if "sliding_attention" in layer_types else None
     layers = [
         attention_layer(
             index, per_layer, kv_heads=kv_heads, head_dim=head_dim,
-            window=window if layer_type == "sliding_attention" else None,
+            window=window if layer_type == "sliding_attention" else None, linears=linears,
         )
         for index, layer_type in enumerate(layer_types)
     ]

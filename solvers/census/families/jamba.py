@@ -12,19 +12,20 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import (
     KV_HEADS,
     attention_layer,
+    attention_linears,
     attention_params,
     head_geometry,
     require_all,
 )
-from solvers.census.families.common import build_census, mlp_params, moe_params
+from solvers.census.families.common import build_census, mlp_linears, mlp_params, moe_linears, moe_params
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, ModelCensus
+from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
 
 _MAMBA_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand")
 
 
-def _mamba_params(fields: ConfigFields, hidden: int) -> tuple[int, int, int, int]:
-    """(weight params, d_inner, d_conv, d_state) of one Mamba mixer."""
+def _mamba_params(fields: ConfigFields, hidden: int) -> tuple[int, list[Linear], int, int, int]:
+    """(weight params, its matrices, d_inner, d_conv, d_state) of one Mamba mixer."""
     d_state, d_conv, expand = (fields.config[name] for name in _MAMBA_FIELDS)
     d_inner = expand * hidden
     dt_rank = fields.get("mamba_dt_rank", default="auto")
@@ -42,7 +43,9 @@ def _mamba_params(fields: ConfigFields, hidden: int) -> tuple[int, int, int, int
     # Jamba normalises dt, B and C inside the mixer (the checkpoint's mamba_inner_layernorms).
     if fields.get("mamba_inner_layernorms", default=True):
         params += dt_rank + 2 * d_state
-    return params, d_inner, d_conv, d_state
+    linears = [Linear("mamba.in_proj", 2 * d_inner, hidden), Linear("mamba.x_proj", dt_rank + 2 * d_state, d_inner),
+               Linear("mamba.dt_proj", d_inner, dt_rank), Linear("mamba.out_proj", hidden, d_inner)]
+    return params, linears, d_inner, d_conv, d_state
 
 
 @adapter("jamba")
@@ -58,13 +61,15 @@ def jamba(fields: ConfigFields) -> ModelCensus:
     expert_period, expert_offset = rest[:2] if expert_plan else (1, 1)
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     attention = attention_params(hidden, heads, kv_heads, head_dim)
-    mamba, d_inner, d_conv, d_state = _mamba_params(fields, hidden)
+    mamba, mamba_linears, d_inner, d_conv, d_state = _mamba_params(fields, hidden)
     norms = 2 * hidden  # input_layernorm + pre_ff_layernorm
 
     layers = []
     for index in range(num_layers):
         is_moe = num_experts > 1 and index % expert_period == expert_offset
         ffn = moe_params(hidden, num_experts, intermediate) if is_moe else mlp_params(hidden, intermediate)
+        ffn_linears = (moe_linears(hidden, num_experts, intermediate, prefix="feed_forward", router="router")
+                       if is_moe else mlp_linears(hidden, intermediate, prefix="feed_forward"))
         kind = "moe" if is_moe else "dense"
         if index % attn_period == attn_offset:
             # AI21's own code windows attention when sliding_window is set (transformers ignores it);
@@ -72,10 +77,12 @@ def jamba(fields: ConfigFields) -> ModelCensus:
             layers.append(attention_layer(
                 index, attention + ffn + norms, kv_heads=kv_heads, head_dim=head_dim,
                 window=fields.get("sliding_window", default=None), ffn=kind,
+                linears=attention_linears(hidden, heads, kv_heads, head_dim) + ffn_linears,
             ))
         else:
             layers.append(LayerCensus(
                 index, LayerKind.MAMBA, mamba + ffn + norms,
                 conv_state_elements=d_inner * (d_conv - 1), recurrent_state_elements=d_inner * d_state, ffn=kind,
+                linears=tuple(mamba_linears + ffn_linears),
             ))
     return build_census(fields, layers, hidden=hidden, intermediate=intermediate)

@@ -6,11 +6,12 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import (
     KV_HEADS,
     attention_layer,
+    attention_linears,
     attention_params,
     head_geometry,
     require_all,
 )
-from solvers.census.families.common import build_census, mlp_params
+from solvers.census.families.common import build_census, mlp_linears, mlp_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
 
@@ -42,8 +43,9 @@ def llama(fields: ConfigFields) -> ModelCensus:
         mlp = mlp_params(hidden, intermediate, bias=bool(fields.get("mlp_bias", default=False)))
         window = None
     per_layer = attention + mlp + 2 * hidden  # input_layernorm + post_attention_layernorm
+    linears = attention_linears(hidden, heads, kv_heads, head_dim) + mlp_linears(hidden, intermediate)
     layers = [
-        attention_layer(index, per_layer, kv_heads=kv_heads, head_dim=head_dim, window=window)
+        attention_layer(index, per_layer, kv_heads=kv_heads, head_dim=head_dim, window=window, linears=linears)
         for index in range(num_layers)
     ]
     return build_census(fields, layers, hidden=hidden, intermediate=intermediate, notes=notes)

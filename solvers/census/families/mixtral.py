@@ -6,11 +6,12 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import (
     KV_HEADS,
     attention_layer,
+    attention_linears,
     attention_params,
     head_geometry,
     require_all,
 )
-from solvers.census.families.common import build_census, moe_params
+from solvers.census.families.common import build_census, moe_linears, moe_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
 
@@ -27,8 +28,10 @@ def mixtral(fields: ConfigFields) -> ModelCensus:
     per_layer += 2 * hidden  # input_layernorm + post_attention_layernorm
     # MixtralConfig defaults sliding_window to None, so an absent key means full attention.
     window = fields.get("sliding_window", default=None)
+    linears = attention_linears(hidden, heads, kv_heads, head_dim) + moe_linears(hidden, num_experts, intermediate)
     layers = [
-        attention_layer(index, per_layer, kv_heads=kv_heads, head_dim=head_dim, window=window, ffn="moe")
+        attention_layer(index, per_layer, kv_heads=kv_heads, head_dim=head_dim, window=window, ffn="moe",
+                        linears=linears)
         for index in range(num_layers)
     ]
     return build_census(fields, layers, hidden=hidden, intermediate=intermediate)

@@ -7,10 +7,10 @@ Every layer carries a single RMSNorm. '-' and 'E' layers have no token mixer and
 from __future__ import annotations
 
 from solvers.census.families import adapter
-from solvers.census.families.attention import attention_layer, attention_params, require_all
-from solvers.census.families.common import build_census, mlp_params
+from solvers.census.families.attention import attention_layer, attention_linears, attention_params, require_all
+from solvers.census.families.common import build_census, mlp_linears, mlp_params
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, ModelCensus
+from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
 
 # Pattern characters and the list spellings (old and new) of layers_block_type / layer_types.
 _BLOCKS = {
@@ -44,8 +44,8 @@ def _blocks(fields: ConfigFields) -> list[str]:
     return [_BLOCKS[block] for block in pattern]
 
 
-def _mamba2(fields: ConfigFields, hidden: int) -> tuple[int, int, int]:
-    """(weight params, conv state elements, recurrent state elements) of one Mamba2 mixer."""
+def _mamba2(fields: ConfigFields, hidden: int) -> tuple[int, list[Linear], int, int]:
+    """(weight params, its matrices, conv state elements, recurrent state elements) of one Mamba2 mixer."""
     heads, head_dim, d_state, groups, kernel = (fields.config[name] for name in _NEEDS["mamba"])
     bias = bool(fields.get("use_bias", default=False))
     inner = heads * head_dim
@@ -58,10 +58,12 @@ def _mamba2(fields: ConfigFields, hidden: int) -> tuple[int, int, int]:
         + inner  # gated RMSNorm
         + inner * hidden + bias * hidden  # out_proj
     )
-    return params, conv_channels * (kernel - 1), heads * head_dim * d_state
+    linears = [Linear("mixer.in_proj", in_width, hidden), Linear("mixer.out_proj", hidden, inner)]
+    return params, linears, conv_channels * (kernel - 1), heads * head_dim * d_state
 
 
-def _moe(fields: ConfigFields, hidden: int) -> int:
+def _moe(fields: ConfigFields, hidden: int) -> tuple[int, list[Linear]]:
+    """(weight params, matrices) of a MoE mixer: non-gated experts, a shared expert, optional latent projections."""
     experts, expert, shared = (fields.config[name] for name in _NEEDS["moe"])
     bias = bool(fields.get("mlp_bias", default=False))
     latent = fields.get("moe_latent_size", default=None)
@@ -71,7 +73,13 @@ def _moe(fields: ConfigFields, hidden: int) -> int:
     params += mlp_params(hidden, shared, gated=False, bias=bias)
     if latent:
         params += 2 * hidden * latent + bias * (latent + hidden)
-    return params
+    # The router reads hidden; the experts work in `width`; the shared expert in hidden.
+    linears = [Linear("mixer.gate", experts, hidden, gate=True),
+               *mlp_linears(width, expert, prefix="mixer.experts.*", gated=False, count=experts),
+               *mlp_linears(hidden, shared, prefix="mixer.shared_experts", gated=False)]
+    if latent:
+        linears += [Linear("mixer.fc1_latent_proj", latent, hidden), Linear("mixer.fc2_latent_proj", hidden, latent)]
+    return params, linears
 
 
 @adapter("nemotron_h")
@@ -85,23 +93,26 @@ def nemotron_h(fields: ConfigFields) -> ModelCensus:
     layers = []
     for index, block in enumerate(blocks):
         if block == "mamba":
-            params, conv, recurrent = _mamba2(fields, hidden)
+            params, linears, conv, recurrent = _mamba2(fields, hidden)
             layers.append(LayerCensus(
                 index, LayerKind.MAMBA2, params + hidden, conv_state_elements=conv,
-                recurrent_state_elements=recurrent, ffn="none",
+                recurrent_state_elements=recurrent, ffn="none", linears=tuple(linears),
             ))
         elif block == "attention":
             heads, kv_heads = fields.config["num_attention_heads"], fields.config["num_key_value_heads"]
             # Published checkpoints say attention_head_dim; it is not hidden_size / heads in general.
             head_dim = fields.get("head_dim", "attention_head_dim")
             params = attention_params(hidden, heads, kv_heads, head_dim) + hidden
-            layers.append(attention_layer(index, params, kv_heads=kv_heads, head_dim=head_dim, ffn="none"))
+            layers.append(attention_layer(index, params, kv_heads=kv_heads, head_dim=head_dim, ffn="none",
+                                          linears=attention_linears(hidden, heads, kv_heads, head_dim, prefix="mixer")))
         elif block == "mlp":
-            params = mlp_params(hidden, fields.get("intermediate_size"), gated=False,
-                                bias=bool(fields.get("mlp_bias", default=False)))
-            layers.append(LayerCensus(index, LayerKind.MLP, params + hidden, ffn="dense"))
+            intermediate = fields.get("intermediate_size")
+            params = mlp_params(hidden, intermediate, gated=False, bias=bool(fields.get("mlp_bias", default=False)))
+            layers.append(LayerCensus(index, LayerKind.MLP, params + hidden, ffn="dense",
+                                      linears=tuple(mlp_linears(hidden, intermediate, prefix="mixer", gated=False))))
         else:
-            layers.append(LayerCensus(index, LayerKind.MLP, _moe(fields, hidden) + hidden, ffn="moe"))
+            params, linears = _moe(fields, hidden)
+            layers.append(LayerCensus(index, LayerKind.MLP, params + hidden, ffn="moe", linears=tuple(linears)))
     notes = []
     if fields.get("mamba_ssm_cache_dtype", default=None):
         notes.append(f"config keeps the mamba state in {fields.get('mamba_ssm_cache_dtype')}: "

@@ -6,13 +6,14 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import (
     KV_HEADS,
     attention_layer,
+    attention_linears,
     attention_params,
     declared_layer_types,
     head_geometry,
     require_all,
     sliding_window,
 )
-from solvers.census.families.common import build_census, mlp_params
+from solvers.census.families.common import build_census, mlp_linears, mlp_params
 from solvers.census.fields import ConfigFields
 from solvers.census.model import ModelCensus
 
@@ -62,12 +63,13 @@ def qwen(fields: ConfigFields) -> ModelCensus:
     kv_heads, head_dim = head_geometry(fields, hidden, heads)
     per_layer = qwen_attention_params(fields, hidden, heads, kv_heads, head_dim) + mlp_params(hidden, intermediate)
     per_layer += 2 * hidden  # input_layernorm + post_attention_layernorm
+    linears = attention_linears(hidden, heads, kv_heads, head_dim) + mlp_linears(hidden, intermediate)
     layer_types = qwen_layer_types(fields, num_layers)
     window = sliding_window(fields, layer_types)
     layers = [
         attention_layer(
             index, per_layer, kv_heads=kv_heads, head_dim=head_dim,
-            window=window if layer_type == "sliding_attention" else None,
+            window=window if layer_type == "sliding_attention" else None, linears=linears,
         )
         for index, layer_type in enumerate(layer_types)
     ]

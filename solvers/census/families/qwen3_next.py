@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from solvers.census.families import adapter
-from solvers.census.families.common import build_census, mlp_params, moe_params
+from solvers.census.families.attention import attention_linears
+from solvers.census.families.common import build_census, mlp_linears, mlp_params, moe_linears, moe_params
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, ModelCensus
+from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
 
 
 def _layer_types(fields: ConfigFields, num_layers: int) -> list[str]:
@@ -48,6 +49,10 @@ def qwen3_next(fields: ConfigFields) -> ModelCensus:
         + v_dim  # gated RMSNorm
         + value_dim * hidden  # out_proj
     )
+    full_linears = attention_linears(hidden, heads, kv_heads, head_dim, q_gate=True)
+    linear_linears = [Linear("linear_attn.in_proj_qkvz", 2 * key_dim + 2 * value_dim, hidden),
+                      Linear("linear_attn.in_proj_ba", 2 * v_heads, hidden),
+                      Linear("linear_attn.out_proj", hidden, value_dim)]
 
     num_experts = fields.get("num_experts", default=0)
     sparse_step = fields.get("decoder_sparse_step", default=1)
@@ -56,24 +61,25 @@ def qwen3_next(fields: ConfigFields) -> ModelCensus:
     for index, layer_type in enumerate(_layer_types(fields, num_layers)):
         is_moe = num_experts > 0 and index not in mlp_only and (index + 1) % sparse_step == 0
         if is_moe:
-            ffn = moe_params(
-                hidden, num_experts, fields.get("moe_intermediate_size"),
-                shared_intermediate=fields.get("shared_expert_intermediate_size", default=0),
-                shared_gate=True,
-            )
+            expert = fields.get("moe_intermediate_size")
+            shared = fields.get("shared_expert_intermediate_size", default=0)
+            ffn = moe_params(hidden, num_experts, expert, shared_intermediate=shared, shared_gate=True)
+            ffn_linears = moe_linears(hidden, num_experts, expert, shared_intermediate=shared, shared_gate=True)
         else:
             ffn = mlp_params(hidden, fields.get("intermediate_size"))
+            ffn_linears = mlp_linears(hidden, fields.get("intermediate_size"))
         if layer_type == "full_attention":
             layers.append(LayerCensus(
                 index, LayerKind.FULL_ATTENTION, full_attention + ffn + norms,
                 kv_elements_per_token=2 * kv_heads * head_dim, ffn="moe" if is_moe else "dense",
+                linears=tuple(full_linears + ffn_linears),
             ))
         elif layer_type == "linear_attention":
             layers.append(LayerCensus(
                 index, LayerKind.LINEAR_ATTENTION, linear_attention + ffn + norms,
                 conv_state_elements=conv_channels * (kernel - 1),
                 recurrent_state_elements=v_heads * k_dim * v_dim,
-                ffn="moe" if is_moe else "dense",
+                ffn="moe" if is_moe else "dense", linears=tuple(linear_linears + ffn_linears),
             ))
         else:
             raise fields.missing(f"a known layer type at layer {index} (got {layer_type!r})")

@@ -99,7 +99,7 @@ def test_deepseek_v2_lite_has_no_query_compression_and_one_dense_layer():
     census = load_census("deepseek-v2-lite")
     assert census.layers[0].ffn == "dense" and {layer.ffn for layer in census.layers[1:]} == {"moe"}
     assert census.layers[0].kv_elements_per_token == 512 + 64
-    assert census.weight_width_override is None
+    assert census.quantization is None
 
 
 def test_jamba_moe_every_other_layer_from_layer_one():

@@ -3,6 +3,9 @@
 Models are built on the meta device (no memory) from `AutoConfig.for_model(**config)`. A layer's count is
 its state_dict: parameters plus persistent buffers, i.e. what the checkpoint stores (DeepSeek-V3's and
 Nemotron-H's router score-correction bias is a buffer). ChatGLM is remote code, not in transformers.
+
+A layer's linears (what a weight quantization converts) are its weight matrices by name and shape;
+transformers fuses the experts into 3-D tensors, so those are compared by size.
 """
 
 from __future__ import annotations
@@ -48,6 +51,25 @@ def numel(module) -> int:
     return sum(tensor.numel() for tensor in module.state_dict().values())
 
 
+def matrices(layer) -> tuple[dict[str, tuple[int, ...]], int]:
+    """(name -> shape of every weight matrix outside the experts, elements of the experts' matrices)."""
+    named, experts = {}, 0
+    for key, tensor in layer.state_dict().items():
+        if tensor.ndim < 2 or "conv1d" in key or key.endswith("A_log"):  # convs and Mamba's A are not linears
+            continue
+        if ".experts." in f".{key}":
+            experts += tensor.numel()
+        else:
+            named[key.removesuffix(".weight")] = tuple(tensor.shape)
+    return named, experts
+
+
+def census_matrices(priced) -> tuple[dict[str, tuple[int, ...]], int]:
+    named = {linear.name: (linear.out_features, linear.in_features) for linear in priced.linears
+             if "*" not in linear.name}
+    return named, sum(linear.params for linear in priced.linears if "*" in linear.name)
+
+
 def assert_parity(config: dict) -> None:
     census = census_from_config(config)
     with torch.device("meta"):
@@ -57,6 +79,7 @@ def assert_parity(config: dict) -> None:
     assert len(text.layers) == census.num_layers
     for layer, priced in zip(text.layers, census.layers, strict=True):
         assert priced.weight_params == numel(layer), f"layer {priced.index} ({priced.kind})"
+        assert census_matrices(priced) == matrices(layer), f"layer {priced.index} ({priced.kind}) linears"
     embeddings = text.embed_tokens if hasattr(text, "embed_tokens") else text.embeddings
     towers = ("vision_tower", "multi_modal_projector")  # Gemma 3 prices these with the embeddings
     extras = sum(numel(getattr(base, name)) for name in towers if hasattr(base, name))
