@@ -3,6 +3,9 @@
 `HttpEngine` is the service seen through /v1/completions with the surface benchmarks.rig_load.Load drives (`config`
 and `submit`), so the same request accounting runs against the real service; `change` is a cut change through the
 control API (plan, apply, wait), under load when given.
+
+The run is its own console: it generates a control token and approval key, hands them to every engine it starts
+(through the environment) and sends the token and a signed attestation with each change.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,9 +33,14 @@ from engine.config import ModelConfig
 from engine.driver_api import RequestHandle
 from engine.errors import EngineRequestError
 from engine.sampler import SamplingParams
+from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("seam.multi_gpu")
+# One run, one process: the engines it starts and its clients share these, and nothing else ever sees them.
+CONTROL_TOKEN = secrets.token_urlsafe(32)
+APPROVAL_KEY = secrets.token_urlsafe(32)
+_JOB_IDS = itertools.count(1)  # each change is its own "job": an engine applies a job id once
 
 
 def free_port() -> int:
@@ -46,8 +55,9 @@ class Service:
     def __init__(self, label: str, checkpoint: Path, rig: str, cut: list[int], live: list):
         self.label, self.port = label, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ}
+        env = {**os.environ, CONTROL_TOKEN_ENV: CONTROL_TOKEN, APPROVAL_KEY_ENV: APPROVAL_KEY}
         env.pop("REDIS_URL", None)  # no telemetry publishing: nothing here listens
+        env.pop(API_KEY_ENV, None)  # the engine listens on loopback, for this run's own requests only
         command = [sys.executable, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", rig,
                    "--cut", ",".join(map(str, cut)), "--port", str(self.port)]
         self.command = " ".join(command)
@@ -114,7 +124,7 @@ class HttpEngine:
     def __init__(self, url: str, checkpoint: Path, timeout_s: float = 600.0):
         self.url = url
         self.client = httpx.Client(base_url=url, timeout=httpx.Timeout(timeout_s, connect=10.0),
-                                   limits=httpx.Limits(max_connections=256))
+                                   limits=httpx.Limits(max_connections=256), headers=bearer_token(CONTROL_TOKEN))
         self.config = ModelConfig.from_pretrained(checkpoint)
         self.ids = itertools.count()
 
@@ -195,7 +205,9 @@ def change(engine: HttpEngine, cut: list[int], load: Load | None, budget_s: floa
         out["streaming_at_apply"] = load.streaming(timeout=min(60.0, budget_s / 3))
         out["in_flight_at_apply"] = load.in_flight()
     started = time.perf_counter()
-    applied = client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": planned["plan_hash"]})
+    attestation = sign_attestation(APPROVAL_KEY, planned["plan_hash"], next(_JOB_IDS), ["multi-gpu-run"], time.time())
+    applied = client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": planned["plan_hash"],
+                                                  "attestation": attestation})
     if applied.status_code != 202:
         raise RuntimeError(f"apply refused, HTTP {applied.status_code}: {_message(applied.content)}")
     operation_id = applied.json()["operation_id"]

@@ -1,4 +1,7 @@
-"""ASGI entry point for the console: HTTP to Django, websockets (`/ws/live/`) to Channels."""
+"""ASGI entry point for the console: HTTP to Django, websockets (`/ws/live/`) to Channels.
+
+A websocket handshake must come from the console's own origin, port included (console.live.origin).
+"""
 
 import os
 
@@ -9,11 +12,11 @@ django_asgi_app = get_asgi_application()  # before importing consumers: it sets 
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from console.live.origin import SameOriginValidator  # noqa: E402
 from console.live.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 
 import dj_database_url
 import plotly
+
+from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -30,8 +33,10 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "axes",
     "channels",
     "console.audit",
+    "console.accounts",
     "console.jobs",
     "console.api",
     "console.live",
@@ -48,6 +53,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a login that axes flagged as locked out into its lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -84,13 +91,49 @@ TELEMETRY_CHANNEL = os.environ.get("SEAM_TELEMETRY_CHANNEL", "seam:telemetry")
 SEAM_REQUIRED_APPROVALS = int(os.environ.get("SEAM_REQUIRED_APPROVALS", "1"))
 SEAM_APPROVAL_TTL_S = int(os.environ.get("SEAM_APPROVAL_TTL_S", "3600"))
 
+# The engine's credentials (solvers/attestation.py; docs/console.md, "Trust model"): the control token every call to
+# the engine's /control/* carries, and the key the worker signs each job's approval attestation with, without which
+# the engine applies nothing. `make run` generates both per run and hands them to the engine as well.
+SEAM_ENGINE_TOKEN = os.environ.get(CONTROL_TOKEN_ENV, "")
+SEAM_APPROVAL_KEY = os.environ.get(APPROVAL_KEY_ENV, "")
+# How often beat has the console compare the engine's layout with the one it last knew (console.jobs.layout_watch).
+SEAM_LAYOUT_WATCH_S = float(os.environ.get("SEAM_LAYOUT_WATCH_S", "30"))
+
+# Logins and tokens (console.accounts; docs/console.md, "Logins and tokens"). django-axes locks a username + client
+# address after SEAM_LOGIN_FAILURE_LIMIT failures, on the login pages and the token API alike, for
+# SEAM_LOGIN_COOLOFF_S after the last counted failure; refusals while locked are not counted, so they do not
+# stretch the lock. A successful login clears the count. Attempts live in the database (axes' AccessAttempt).
+SEAM_LOGIN_FAILURE_LIMIT = int(os.environ.get("SEAM_LOGIN_FAILURE_LIMIT", "5"))
+SEAM_LOGIN_COOLOFF_S = int(os.environ.get("SEAM_LOGIN_COOLOFF_S", "900"))
+SEAM_TOKEN_TTL_S = int(os.environ.get("SEAM_TOKEN_TTL_S", str(24 * 3600)))
+SEAM_TOKEN_RATE = os.environ.get("SEAM_TOKEN_RATE", "20/min")
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = SEAM_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = dt.timedelta(seconds=SEAM_LOGIN_COOLOFF_S)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# The audit trail records refused logins; axes' own log of every successful login would be a second, unpruned one.
+AXES_DISABLE_ACCESS_LOG = True
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True  # a worker killed mid-job leaves the message to be redelivered
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # The reconciler settles jobs a dead worker left running, from the engine's own operation record.
-CELERY_BEAT_SCHEDULE = {"seam-reconcile-jobs": {"task": "console.jobs.tasks.reconcile_jobs", "schedule": 60.0}}
+# The layout watch notices (audits, shows on the dashboard) a layout change no job of the console caused.
+CELERY_BEAT_SCHEDULE = {
+    "seam-reconcile-jobs": {"task": "console.jobs.tasks.reconcile_jobs", "schedule": 60.0},
+    "seam-watch-engine-layout": {"task": "console.jobs.tasks.watch_engine_layout", "schedule": SEAM_LAYOUT_WATCH_S},
+}
 
 # Two redis-py defaults that close browsers' sockets with 1011 (found by benchmarks/console_load.py):
 # a pool fails the command past 100 connections (100 browsers subscribing at once), and a 5 s socket timeout
@@ -104,11 +147,14 @@ CHANNEL_LAYERS = {
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Tokens first, so a refused request is a 401 with `WWW-Authenticate: Token` (an expired token says so).
+        "console.accounts.authentication.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Per client address, on the token endpoint only (ScopedRateThrottle): defence in depth under the lockout.
+    "DEFAULT_THROTTLE_RATES": {"auth-token": SEAM_TOKEN_RATE},
 }
 SPECTACULAR_SETTINGS = {"TITLE": "Seam console API", "VERSION": "1.0.0"}
 
@@ -155,3 +201,28 @@ if not DEBUG:
     if _env_bool("SEAM_BEHIND_PROXY", False):
         SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("SEAM_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+# --- Audit trail (console.audit; docs/console.md, "Check the audit trail") ---------------------------------------
+# SEAM_AUDIT_KEY keys the hash chain; it must live outside the database, or whoever rewrites a row re-hashes the rest.
+# Production requires it (after SECRET_KEY's check, so a bare production env names SECRET_KEY first); development
+# derives one from SECRET_KEY, domain-separated so the chain never shares a key with sessions and signing.
+# SEAM_AUDIT_ANCHOR_PATH is the append-only file the head (seq, hash, MAC) is written to after each append, so deleting
+# the newest events is caught; by default it sits in the var folder `make run` uses (SEAM_VAR_DIR), so a stack with a
+# folder of its own has an anchor of its own.
+MIN_AUDIT_KEY_LENGTH = 32
+SEAM_AUDIT_KEY = os.environ.get("SEAM_AUDIT_KEY", "")
+if not DEBUG and (len(SEAM_AUDIT_KEY) < MIN_AUDIT_KEY_LENGTH or len(set(SEAM_AUDIT_KEY)) < 5):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"SEAM_AUDIT_KEY must be set to a random string of at least {MIN_AUDIT_KEY_LENGTH} characters when "
+        f"SEAM_DEBUG=0 (it is {'unset' if not SEAM_AUDIT_KEY else f'{len(SEAM_AUDIT_KEY)} characters'}); it keys the "
+        "audit hash chain, so keep it out of the database and keep it stable (events recorded under another key fail "
+        "verify); e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))'")
+if not SEAM_AUDIT_KEY:
+    import hashlib
+    import hmac
+
+    SEAM_AUDIT_KEY = hmac.new(SECRET_KEY.encode(), b"seam-audit-chain", hashlib.sha256).hexdigest()
+SEAM_AUDIT_ANCHOR_PATH = Path(os.environ.get("SEAM_AUDIT_ANCHOR_PATH")
+                              or Path(os.environ.get("SEAM_VAR_DIR", BASE_DIR / "var")) / "audit-anchor.jsonl")

@@ -94,11 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=_positive, help="torch threads on both sides (default: torch's)")
     bench.set_defaults(handler=_bench)
 
-    serve = commands.add_parser("serve", help="the multi-rank engine with its HTTP service and telemetry")
+    serve = commands.add_parser(
+        "serve", help="the multi-rank engine with its HTTP service and telemetry",
+        description="Secrets come from the environment, never from argv (which `ps` shows): SEAM_ENGINE_TOKEN opens "
+                    "the control API, SEAM_APPROVAL_KEY checks the console's attestation on apply, SEAM_API_KEY "
+                    "(optional) guards /v1; SEAM_MAX_BODY_BYTES caps a request body (default 8 MiB).")
     serve.add_argument("--checkpoint", required=True, metavar="DIR", help="HuggingFace-layout checkpoint folder")
     serve.add_argument("--rig", default="cpu-demo", help="built-in rig name or rig file (default cpu-demo)")
     serve.add_argument("--cut", help="layers per rank, e.g. 7,5,4 (default: the rig's incumbent)")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind; one other than loopback needs "
+                                                             "$SEAM_API_KEY or --allow-open-v1")
+    serve.add_argument("--allow-open-v1", action="store_true",
+                       help="serve /v1 without an API key on a non-loopback --host, on purpose")
     serve.add_argument("--port", type=_positive, default=8100)
     serve.add_argument("--redis-url", help="publish telemetry here (default: $REDIS_URL; none: no publishing)")
     serve.add_argument("--telemetry-hz", type=float, default=4.0)
@@ -152,7 +159,8 @@ def _serve(args: argparse.Namespace) -> tuple[dict, str]:
     from engine.serve import default_redis_url, run_service
 
     run_service(_checkpoint(args.checkpoint), args.rig, args.cut, args.host, args.port,
-                args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel, args.ladder)
+                args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel, args.ladder,
+                args.allow_open_v1)
     return {"stopped": True}, "seam engine stopped"
 
 

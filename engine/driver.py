@@ -19,19 +19,21 @@ from engine.block_manager import BlockManager, SlotManager
 from engine.config import ModelConfig
 from engine.driver_api import RequestHandle
 from engine.errors import EngineError, EngineRequestError
+from engine.health import StepHealth
 from engine.host_image import HostImage
 from engine.rank import RankLayout, StepPlan
 from engine.rank_group import RankGroup
 from engine.reconfig import Operations
+from engine.recovery import verify
 from engine.sampler import Sampler, SamplingParams
 from engine.scheduler import Batch, Scheduler
 from engine.sequence import Sequence
 from engine.stage_timer import StageLog
-from engine.telemetry_snapshot import build_snapshot
+from engine.telemetry_snapshot import build_snapshot, build_state
 from engine.text import CheckpointText
 from solvers.capacity import CutPricer, PoolResult
 from solvers.frontier import default_timing
-from solvers.ladder import Ladder, price_ladder, switch_cost_s
+from solvers.ladder import Ladder, price_ladder
 from solvers.rig import Rig
 from solvers.serving import ServingShape
 
@@ -71,6 +73,7 @@ class PipelineDriver:
         self.throughput: deque[tuple[float, int, int]] = deque()
         self.device_memory: dict[int, dict] = {}  # rank -> its latest real device figures (CUDA ranks only)
         self.stages = StageLog()  # each rank's stage time in recent steps, for calibrating the timing model
+        self.step_health = StepHealth()
         self.ops = Operations(self)
         self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
         # In shared memory: every rank process reads this one image (rung images are pinned in place). A ready image
@@ -78,7 +81,7 @@ class PipelineDriver:
         self.image = image or HostImage.build(self.checkpoint, rungs=self.rungs)
         self.ranks = RankGroup(self.rig, self.checkpoint, self.image)
         self.measured = self.ranks.call_all("build", layouts)
-        problems = self.verify(self.prediction, self.measured)
+        problems = verify(self.prediction, self.measured)
         if problems:
             self.shutdown()
             raise EngineError("the ranks do not match the planner's prediction: " + "; ".join(problems))
@@ -121,20 +124,6 @@ class PipelineDriver:
                                                    - r.state_bytes) if ladder else 0)
                    for r in prediction.ranks]
         return prediction, layouts
-
-    @staticmethod
-    def verify(prediction: PoolResult, measured: list[dict]) -> list[str]:
-        """Every rank's measured pool, weights and state against the prediction; each miss named."""
-        problems = []
-        for predicted, got in zip(prediction.ranks, measured, strict=True):
-            expected = {"kv_pool_tokens": prediction.pool_tokens if predicted.attention_layers else
-                        got["kv_pool_tokens"], "weights_bytes": predicted.weights_bytes,
-                        "state_pool_bytes": predicted.state_bytes,
-                        "kv_pool_bytes": (prediction.pool_tokens or 0) * predicted.cell_bytes,
-                        "arena_bytes": predicted.arena_bytes}
-            problems += [f"rank {predicted.rank} {key}: predicted {value}, measured {got[key]}"
-                         for key, value in expected.items() if got[key] != value]
-        return problems
 
     def _install(self, cut: tuple[int, ...], shape: ServingShape, prediction: PoolResult) -> None:
         """Make `cut` and `shape` current for the scheduler; only ever called with no sequence holding blocks."""
@@ -198,6 +187,12 @@ class PipelineDriver:
             self.scheduler.running.clear()
             self.scheduler.waiting.clear()
 
+    def _fail(self, seq: Sequence, why: str) -> None:
+        """This request alone ends with an error (its client is told why); the engine goes on serving the rest."""
+        log.warning("request %d failed: %s", seq.seq_id, why)
+        self.scheduler.abort(seq.seq_id)
+        self._finish(seq, "error", why)
+
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         handle = self.handles.pop(seq.seq_id, None)
         self.sampler.release(seq.seq_id)
@@ -224,7 +219,7 @@ class PipelineDriver:
                 self._step(batch)
             except Exception as error:  # a failed step requeues its requests and restores the layout
                 log.exception("step failed: %s", error)
-                self.ops.recover(error)
+                self.ops.recover(error, batch)
 
     def _step(self, batch: Batch) -> None:
         token_ids, positions = [], []
@@ -240,13 +235,19 @@ class PipelineDriver:
                 self.device_memory[rank] = memory
         logits = replies[-1][0]
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
-        sampled = self.sampler.sample(logits[ready], [batch.seqs[i].params for i in ready],
-                                      [batch.seqs[i].seq_id for i in ready])
+        # A request whose sampling raises fails alone: the ranks did their part, so the step stands for the others.
+        drawn = self.sampler.sample_rows(logits[ready], [batch.seqs[i].params for i in ready],
+                                         [batch.seqs[i].seq_id for i in ready])
         decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
         with self.lock:  # state() reads the stage log from the HTTP threads
+            self.step_health.step_succeeded()
             self.stages.add(len(token_ids) - decode, decode, [stage_ms for _, _, stage_ms in replies])
-            tokens = {batch.seqs[i].seq_id: token for i, token in zip(ready, sampled, strict=True)}
+            tokens = {batch.seqs[i].seq_id: token for i, token in zip(ready, drawn, strict=True)
+                      if not isinstance(token, Exception)}
             finished = self.scheduler.commit(batch, tokens)
+            for i, token in zip(ready, drawn, strict=True):
+                if isinstance(token, Exception):
+                    self._fail(batch.seqs[i], f"sampling failed: {type(token).__name__}: {token}")
             for seq_id, token in tokens.items():
                 handle = self.handles.get(seq_id)
                 if handle is not None:
@@ -264,23 +265,12 @@ class PipelineDriver:
 
     def state(self) -> dict:
         with self.lock:
-            return {
-                "fingerprint": self.fingerprint(), "cut": list(self.cut), "shape": self.shape.to_dict(),
-                "phase": self.phase, "pool_tokens": self.prediction.pool_tokens,
-                "binding_rank": self.prediction.binding_rank, "ranks": [
-                    {**row, "measured": measured} for row, measured in zip(self.prediction.table(), self.measured,
-                                                                           strict=True)],
-                "ladder": self._ladder_state(), "notes": self.notes, "stage_ms": self.stages.summary(),
-            }
+            return build_state(self)
 
-    def _ladder_state(self) -> dict:
-        ladder = self.ladder()
-        if ladder is None:
-            return {"armed": False}
-        return {"armed": True, "rungs": [list(r) for r in self.rungs], "current": list(self.cut),
-                "switch_cost_s": switch_cost_s(ladder, self.cut), "image_bytes": list(ladder.image_bytes),
-                "pinned_bytes": list(ladder.pinned_bytes),
-                "pools": {",".join(map(str, r.cut)): r.pool_tokens for r in ladder.rungs}}
+    def health(self) -> dict:
+        """GET /healthz: {ok, phase, reason, recoveries_in_a_row, ...}; not ok while broken or in a recovery loop.
+        Takes no lock, so it answers even while a step or an operation is stuck."""
+        return self.step_health.report(self.phase)
 
     def snapshot(self, advance: bool = False) -> dict:
         """The current snapshot; only the publisher advances `seq`, so a scrape never leaves a gap."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.sampler import SamplingParams
+from engine.sampler import MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX, TEMPERATURE_RULE, SamplingParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos",
@@ -148,24 +148,38 @@ def _generation(body: dict[str, Any], prompt: str | list[int], max_tokens: int |
         raise ApiError("stream_options must be {include_usage: bool}, and only with stream: true", "stream_options")
     include_usage = _boolean(options or {}, "include_usage", "stream_options.include_usage")
     sampling = {
-        "temperature": _number(body, "temperature", 1.0, low=0.0),  # OpenAI's default; 0 means greedy
+        "temperature": _temperature(body),
         "top_p": _number(body, "top_p", 1.0, low=0.0, high=1.0, open_low=True),
         "top_k": _integer(body, "top_k", 0, 0),  # extension; 0 disables it
-        "seed": _integer(body, "seed", None, 0),
+        "seed": _integer(body, "seed", None, 0, maximum=SEED_MAX),
         "stop_token_ids": tuple(_token_ids(body.get("stop_token_ids") or [], "stop_token_ids")),
         "ignore_eos": _boolean(body, "ignore_eos"),
     }
     return GenerationRequest(prompt, max_tokens, sampling, stream, include_usage)
 
 
-def _integer(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
+def _integer(body: dict[str, Any], name: str, default: int | None, minimum: int,
+             maximum: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+            maximum is not None and value > maximum):
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        what = what if maximum is None else f"an integer from {minimum} to {maximum}"
         raise ApiError(f"{name} must be {what} (got {_show(value)})", name)
     return value
+
+
+def _temperature(body: dict[str, Any]) -> float:
+    value = body.get("temperature")
+    if value is None:
+        return 1.0  # OpenAI's default
+    # Not an open interval: a tiny positive temperature overflows the logits (see engine/sampler.py).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            value == 0 or MIN_TEMPERATURE <= value <= MAX_TEMPERATURE):
+        raise ApiError(f"temperature must be {TEMPERATURE_RULE} (got {_show(value)})", "temperature")
+    return float(value)
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float | None = None,

@@ -33,7 +33,7 @@ from engine.host_image import HostImage
 from engine.kv_pool import KVPool
 from engine.loader import build_model
 from engine.models import RangeCausalLM
-from engine.pipeline import close_group, init_group, recv_hidden, send_hidden
+from engine.pipeline import TransportError, close_group, init_group, recv_hidden, send_hidden
 from engine.stage_timer import StageTimer
 from engine.state_pool import StatePool
 
@@ -85,6 +85,10 @@ class RankWorker:
         # reconfiguration after start-up (the start-up build itself stays clean).
         self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
         self.die_in_reconfiguration = os.environ.get("SEAM_FAULT_DIE_RANK") == str(rank)
+        # ... and fail every step that carries this token id, on the last rank (after the transfers, so the process
+        # group stays sound): a request that fails every step it is in.
+        fail_token = os.environ.get("SEAM_FAULT_STEP_TOKEN")
+        self.fail_token = int(fail_token) if fail_token and rank == world - 1 else None
         self.builds = 0
         self.timer = StageTimer(device)  # the last step's stage: the driver's StageLog keeps it
 
@@ -197,6 +201,8 @@ class RankWorker:
         else:
             hidden = recv_hidden(len(plan.token_ids), self.config.hidden_size, self.config.torch_dtype, self.device,
                                  self.rank - 1)
+        if self.fail_token is not None and self.fail_token in plan.token_ids:
+            raise EngineError(f"fault injection: rank {self.rank} fails steps with token {self.fail_token}")
         with self.timer:
             hidden = self.model(hidden, ctx, self)
             logits = self.model.compute_logits(hidden, ctx).float() if self.rank == self.world - 1 else None
@@ -221,6 +227,7 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
     init_group(rank, world, init_method, target, shared_device=shared_device)
     worker = RankWorker(rank, world, ModelConfig.from_pretrained(checkpoint), image, target)
     memory = MemoryReader(target)
+    conn.send(("ready",))  # the driver times builds and steps from here on, not the start-up
     try:
         while True:
             kind, payload = conn.recv()
@@ -233,8 +240,9 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
                     conn.send(("ok", (worker.step(payload), memory.read(), worker.timer.ms)))
                 elif kind == "probe":
                     conn.send(("ok", probe_headroom(target, payload) if target.type == "cuda" else None))
-            except Exception as error:  # reported to the driver, which decides (roll back or fail)
-                conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc()))
+            except Exception as error:  # reported to the driver, which decides (roll back, restart the ranks, fail)
+                conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc(),
+                           isinstance(error, TransportError)))
     except (EOFError, KeyboardInterrupt):
         pass  # the driver went away
     finally:

@@ -3,6 +3,8 @@ or restore the previous layout, verify it, and report `rolled_back` with both fi
 
 Operations run on the engine loop's thread between steps, one at a time. In-flight requests are
 preempted and requeued (recompute), never dropped; greedy outputs are the same as without the change.
+A failed step is recovered the same way, as a `recovery` operation (engine/recovery.py restores the layout,
+engine/health.py caps a loop of them). The newest KEEP_FINISHED finished operations are kept.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from engine.driver_api import ApplyRefused
 from engine.errors import EngineError
+from engine.recovery import restore, trial_step, verify
 from solvers.errors import SolverError
 from solvers.ladder import switch_cost_s
 from solvers.plans import build_plan, parse_plan_request, verify_plan
@@ -24,8 +27,10 @@ from solvers.serving import ServingShape
 
 if TYPE_CHECKING:
     from engine.driver import PipelineDriver
+    from engine.scheduler import Batch
 
 log = logging.getLogger("seam.engine")
+KEEP_FINISHED = 256  # finished operations kept for GET /control/operations; queued and running ones always are
 PROGRESS = {"queued": 0.0, "pausing": 0.1, "draining": 0.2, "acting": 0.4, "verifying": 0.8, "rolling_back": 0.9,
             "done": 1.0}
 
@@ -125,7 +130,7 @@ class Operations:
             cut, shape = self._target(request)
             op = Operation(f"op-{next(self.counter)}-{uuid.uuid4().hex[:8]}", request.kind, request.target,
                            plan_hash.lower(), job_id=job_id)
-            self.items[op.id] = op
+            self.record(op)
             self.queue.append((op, cut, shape))
         driver.wake.set()
         return op.id
@@ -147,11 +152,23 @@ class Operations:
         return None if op is None else op.to_dict()
 
     def list(self) -> list[dict]:
-        return [op.to_dict() for op in self.items.values()]
+        return [op.to_dict() for op in self._held()]
 
     def find(self, plan_hash: str) -> list[dict]:
         """The operations started for `plan_hash`, oldest first: how a console that lost an operation id finds it."""
-        return [op.to_dict() for op in self.items.values() if op.plan_hash == plan_hash.lower()]
+        return [op.to_dict() for op in self._held() if op.plan_hash == plan_hash.lower()]
+
+    def _held(self) -> list[Operation]:
+        with self.driver.lock:  # the engine loop adds and prunes records meanwhile
+            return list(self.items.values())
+
+    def record(self, op: Operation) -> None:
+        """Hold `op`; beyond KEEP_FINISHED finished operations the oldest go (a failure loop once piled up 2,059)."""
+        with self.driver.lock:
+            self.items[op.id] = op
+            finished = [key for key, held in self.items.items() if held.status not in ("queued", "running")]
+            for key in finished[:-KEEP_FINISHED]:
+                del self.items[key]
 
     def pending(self) -> bool:
         return bool(self.queue)
@@ -160,7 +177,7 @@ class Operations:
     def run_next(self) -> None:
         op, cut, shape = self.queue.popleft()
         driver = self.driver
-        old_cut, old_shape, old_measured = driver.cut, driver.shape, driver.measured
+        old_cut, old_shape = driver.cut, driver.shape
         op.status = "running"
         try:
             self._phase(op, "pausing")  # the loop is between steps: nothing is mid-flight now
@@ -178,19 +195,20 @@ class Operations:
             measured = driver.ranks.call_all("build", layouts)
             op.measured = measured_figures(measured)
             self._phase(op, "verifying")
-            problems = driver.verify(prediction, measured)
+            problems = verify(prediction, measured)
             if problems:
                 raise EngineError("verification missed the prediction: " + "; ".join(problems))
             with driver.lock:
                 driver.measured = measured
                 driver._install(cut, shape, prediction)
+            trial_step(driver)  # the new layout computes, through every rank
             op.status = "succeeded"
         except Exception as error:  # any failure restores the previous layout; none may end the loop
             op.error = f"{type(error).__name__}: {error}" if not isinstance(error, EngineError | SolverError) \
                 else str(error)
             log.warning("operation %s: %s; restoring %s", op.id, error, list(old_cut))
             try:
-                self._restore(op, old_cut, old_shape, old_measured, restart=getattr(error, "died", False))
+                self._restore(op, old_cut, old_shape, restart=getattr(error, "restart", False))
             except Exception:
                 log.exception("operation %s: restoring %s failed; the engine is broken", op.id, list(old_cut))
         finally:
@@ -218,46 +236,50 @@ class Operations:
         else:
             op.notes.append(f"host RAM check: {gained} B to copy, {available} B available")
 
-    def _restore(self, op: Operation, cut: tuple[int, ...], shape: ServingShape, measured: list[dict],
-                 restart: bool = False) -> None:
-        """Back to the previous verified layout; `rolled_back` only if it verifies again, else `failed`.
-
-        A dead rank breaks the whole process group, so then every rank process is replaced first.
-        """
+    def _restore(self, op: Operation, cut: tuple[int, ...], shape: ServingShape, restart: bool = False) -> None:
+        """Back to the previous verified layout; `rolled_back` only if it verifies and steps again, else `failed`
+        and the engine is broken. A dead or stalled rank, or a failed transfer, breaks the whole process group:
+        then (`restart`) every rank process is replaced first."""
         driver = self.driver
         self._phase(op, "rolling_back")
+        restarts = driver.ranks.restarts
         try:
-            if restart or not driver.ranks.alive():
-                driver.ranks.restart()
-            prediction, layouts = driver.layouts(cut, shape)
-            restored = driver.ranks.call_all("build", layouts)
-            problems = driver.verify(prediction, restored)
-            if problems:
-                raise EngineError("; ".join(problems))
-            with driver.lock:
-                driver.measured = restored
-                driver._install(cut, shape, prediction)
-            op.previous = measured_figures(restored)
+            op.previous = measured_figures(restore(driver, cut, shape, restart))
             op.status = "rolled_back" if op.predicted is not None else "failed"
         except Exception as error:
             op.status = "failed"
             op.error = f"{op.error}; restoring the previous layout failed too: {error}"
+            driver.step_health.broken_reason = op.error
             driver.phase = "broken"
             driver.refuse_all("the engine could not restore a verified layout after a failure")
             raise
+        finally:
+            if driver.ranks.restarts > restarts:
+                op.notes.append("every rank process was replaced: the process group could not be trusted")
 
-    def recover(self, error: Exception) -> None:
-        """A step failed (a rank died or erred): requeue everything and restore the current layout."""
+    def recover(self, error: Exception, batch: Batch) -> None:
+        """A step failed (a rank died, stalled or erred): requeue its requests and restore the current layout.
+
+        When steps have failed MAX_RECOVERIES_IN_A_ROW times with none succeeding between (engine/health.py), the
+        failing batch's requests are refused, saying why, instead of requeued: no request can loop the engine."""
         driver = self.driver
-        with driver.lock:
-            for seq in reversed(list(driver.scheduler.running)):
-                driver.scheduler.preempt(seq)
+        looping = driver.step_health.step_failed(error)
+        restart = getattr(error, "restart", False)
         op = Operation(f"recovery-{next(self.counter)}", "recovery", {"cut": list(driver.cut)}, "", "running")
         op.error = str(error)
-        self.items[op.id] = op
+        with driver.lock:
+            if looping:
+                refused = [seq for seq in batch.seqs if seq in driver.scheduler.running]
+                for seq in refused:
+                    driver._fail(seq, f"the engine failed {driver.step_health.recoveries_in_a_row} steps in a row, "
+                                      f"the last with this request; it is refused rather than retried: {error}")
+                op.notes.append(f"a recovery loop: {len(refused)} requests of the failing batch were refused")
+            for seq in reversed(list(driver.scheduler.running)):
+                driver.scheduler.preempt(seq)
+        self.record(op)
         try:
-            self._restore(op, driver.cut, driver.shape, driver.measured, restart=getattr(error, "died", False))
-            op.status = "succeeded"  # the running layout was restored and verified again
+            self._restore(op, driver.cut, driver.shape, restart=restart)
+            op.status = "succeeded"  # the running layout was restored, verified and stepped again
         except Exception:
             log.exception("recovery failed; the engine is broken")
         finally:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.errors import EngineRequestError
+
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes exactly 0..2**64-1 (and overflows above)
+# Below MIN_TEMPERATURE, logits / temperature overflows float32 to inf and softmax gives NaN, which multinomial
+# refuses; 2 is OpenAI's ceiling. 0 means greedy and is always accepted.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 2.0
+TEMPERATURE_RULE = f"0 (greedy) or between {MIN_TEMPERATURE:g} and {MAX_TEMPERATURE:g}"
+# Fault injection for tests: sampling raises for a request with this seed (SamplingParams stay valid).
+FAULT_SEED_ENV = "SEAM_FAULT_SAMPLE_SEED"
 
 
 @dataclass(frozen=True)
@@ -22,14 +31,16 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise EngineRequestError(f"max_tokens must be a positive integer (got {self.max_tokens!r})")
-        if not isinstance(self.temperature, int | float) or self.temperature < 0:
-            raise EngineRequestError(f"temperature must be >= 0 (got {self.temperature!r}); 0 means greedy")
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float)
+                or not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE)):
+            raise EngineRequestError(f"temperature must be {TEMPERATURE_RULE} (got {self.temperature!r})")
         if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
             raise EngineRequestError(f"top_p must be in (0, 1] (got {self.top_p!r})")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise EngineRequestError(f"top_k must be a non-negative integer (got {self.top_k!r}); 0 disables it")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise EngineRequestError(f"seed must be an integer (got {self.seed!r})")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed <= SEED_MAX):
+            raise EngineRequestError(f"seed must be an integer from 0 to {SEED_MAX} (got {self.seed!r})")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property
@@ -46,18 +57,38 @@ class Sampler:
 
     def __init__(self) -> None:
         self._generators: dict[int, torch.Generator] = {}
+        fault = os.environ.get(FAULT_SEED_ENV)
+        self.fault_seed = int(fault) if fault else None
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]) -> list[int]:
+        """Every row's next token; the first row whose sampling fails raises."""
+        drawn = self.sample_rows(logits, params, seq_ids)
+        for token in drawn:
+            if isinstance(token, Exception):
+                raise token
+        return drawn
+
+    def sample_rows(self, logits: torch.Tensor, params: list[SamplingParams],
+                    seq_ids: list[int]) -> list[int | Exception]:
+        """Every row's next token, or in its place the exception its sampling raised: one request's failure stays
+        its own (as asyncio.gather's return_exceptions), and its neighbours' draws are exactly as without it."""
         # Greedy rows take one argmax for the whole batch and one read back to the host (on a GPU, one sync a step).
         greedy = torch.argmax(logits, dim=-1).tolist() if any(p.greedy for p in params) else []
-        tokens = []
+        tokens: list[int | Exception] = []
         for index, (row, param, seq_id) in enumerate(zip(logits.float(), params, seq_ids, strict=True)):
-            if param.greedy:
-                tokens.append(greedy[index])
-                continue
-            probs = torch.softmax(_filter(row / param.temperature, param.top_k, param.top_p), dim=-1)
-            tokens.append(int(torch.multinomial(probs.cpu(), 1, generator=self._generator(seq_id, param))))
+            try:
+                tokens.append(self._draw(row, param, seq_id, greedy[index] if param.greedy else None))
+            except Exception as error:  # whatever it was, it is this request's alone
+                tokens.append(error)
         return tokens
+
+    def _draw(self, row: torch.Tensor, param: SamplingParams, seq_id: int, greedy: int | None) -> int:
+        if self.fault_seed is not None and param.seed == self.fault_seed:
+            raise RuntimeError(f"fault injection: sampling fails for seed {param.seed} ({FAULT_SEED_ENV})")
+        if greedy is not None:
+            return greedy
+        probs = torch.softmax(_filter(row / param.temperature, param.top_k, param.top_p), dim=-1)
+        return int(torch.multinomial(probs.cpu(), 1, generator=self._generator(seq_id, param)))
 
     def release(self, seq_id: int) -> None:
         self._generators.pop(seq_id, None)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
+from engine.access import Credentials, exposure_notices
 from engine.driver import PipelineDriver
+from engine.json_body import max_body_bytes
 from solvers.rig import load_rig
 from solvers.timing import parse_cut
 
@@ -16,9 +19,14 @@ log = logging.getLogger("seam.engine")
 
 def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
                 redis_url: str | None, telemetry_hz: float, telemetry_channel: str = "seam:telemetry",
-                ladder: str | None = None) -> None:
+                ladder: str | None = None, allow_open_v1: bool = False) -> None:
     from engine.service import serve
 
+    # Everything the environment and flags decide is checked before the ranks start, so a refusal is immediate.
+    credentials = Credentials.from_env()
+    for notice in exposure_notices(host, credentials, allow_open_v1):
+        print(notice, file=sys.stderr, flush=True)
+    body_limit = max_body_bytes()
     rungs = [parse_cut(rung) for rung in ladder.split(";")] if ladder else None
     driver = PipelineDriver(checkpoint, load_rig(rig), parse_cut(cut) if cut else None, ladder=rungs)
     publisher = None
@@ -33,7 +41,7 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     try:
         print(f"seam engine: rig {driver.rig.name}, cut {list(driver.cut)}, pool {driver.prediction.pool_tokens} "
               f"tokens, serving on http://{host}:{port}", flush=True)
-        serve(driver, host, port)
+        serve(driver, credentials, host, port, body_limit)
     finally:
         if publisher is not None:
             publisher.stop()

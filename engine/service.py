@@ -4,6 +4,9 @@ It only translates HTTP to the `Driver` surface (engine/driver_api.py). Every dr
 rank round trips), so each runs on a worker thread; waiting for tokens polls the request's queue from the
 event loop instead, so a thousand open streams hold no threads and a slow one never starves the control API.
 
+Who may call what is engine/access.py's: each route names its gate (control token, API key, or open), checked
+before the handler reads the body. Every JSON body is read within bounds (engine/json_body.py: 413, 400).
+
 Errors are JSON and never carry a traceback: `{"error": {"message", "type", "param"}}` under /v1 (OpenAI's
 shape), `{"error": "..."}` elsewhere. Unexpected exceptions answer 500 with a short message; the traceback
 goes to the log.
@@ -14,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,8 +31,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine.access import Credentials, JobLedger, Unauthorized, attested, require_api_key, require_control_token
 from engine.driver_api import ApplyRefused, Driver, RequestHandle
 from engine.errors import EngineError, EngineRequestError
+from engine.json_body import DEFAULT_MAX_BODY_BYTES, read_json_object
 from engine.openai_api import ApiError, IncrementalText, Reply, error_body, parse_chat, parse_completion
 from solvers.errors import SolverError
 
@@ -36,8 +43,10 @@ log = logging.getLogger(__name__)
 _POLL_FIRST_S = 0.0005  # a decode step takes milliseconds: poll fast after a token, back off while idle
 _POLL_MAX_S = 0.01
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
+_PLAN_HASH = re.compile(r"[0-9a-fA-F]{64}")
 
 Handler = Callable[[Request], Awaitable[Response]]
+Gate = Callable[[Request], None]  # raises Unauthorized when the request may not reach the route
 
 
 def _error(request: Request, status: int, message: str, param: str | None = None,
@@ -47,12 +56,15 @@ def _error(request: Request, status: int, message: str, param: str | None = None
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _guarded(handler: Handler) -> Handler:
-    """Map every refusal to its status and every surprise to a clean 500, whatever the handler raised."""
+def _guarded(handler: Handler, gate: Gate) -> Handler:
+    """Pass the route's gate, then map every refusal to its status and every surprise to a clean 500."""
 
     async def endpoint(request: Request) -> Response:
         try:
+            gate(request)
             return await handler(request)
+        except Unauthorized as error:
+            return _error(request, 401, str(error), headers={"WWW-Authenticate": error.challenge})
         except ApiError as error:
             return _error(request, error.status, error.message, error.param)
         except ApplyRefused as error:
@@ -72,24 +84,6 @@ async def _http_error(request: Request, error: Exception) -> Response:
     message = {404: f"no route {request.url.path}",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, error.detail)
     return _error(request, error.status_code, message, headers=error.headers)
-
-
-async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        raise ApiError("the request body is empty: send a JSON object")
-    try:
-        body = json.loads(raw, parse_constant=_no_constant)
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError alike
-        raise ApiError(f"the request body is not valid JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise ApiError(f"the request body must be a JSON object, not {type(body).__name__}")
-    return body
-
-
-def _no_constant(name: str) -> Any:
-    # Python's json accepts NaN and Infinity, which no sampling parameter or plan may be.
-    raise ValueError(f"{name} is not a JSON number")
 
 
 async def _run(function: Callable[..., Any], *args: Any, limiter: anyio.CapacityLimiter | None = None) -> Any:
@@ -142,16 +136,31 @@ def _failure(handle: RequestHandle) -> ApiError | None:
 
 
 class _Service:
-    """The handlers, bound to one driver."""
+    """The handlers and their gates, bound to one driver and the engine's credentials."""
 
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: Driver, credentials: Credentials, max_body_bytes: int):
         self.driver = driver
+        self.credentials = credentials
+        self.max_body_bytes = max_body_bytes
+        self.jobs = JobLedger()
         # Control and metrics calls get threads of their own: under load generation fills the default pool,
         # and an operator must still be able to see and change the layout.
         self.control_threads = anyio.CapacityLimiter(4)
 
+    def control_gate(self, request: Request) -> None:
+        require_control_token(self.credentials, request.headers)
+
+    def api_gate(self, request: Request) -> None:
+        require_api_key(self.credentials, request.headers)
+
     async def _control(self, function: Callable[..., Any], *args: Any) -> Any:
         return await _run(function, *args, limiter=self.control_threads)
+
+    async def _api_body(self, request: Request) -> dict[str, Any]:
+        return await read_json_object(request, self.max_body_bytes)
+
+    async def _control_body(self, request: Request) -> dict[str, Any]:
+        return await read_json_object(request, self.max_body_bytes, self.control_threads)
 
     async def _cancel(self, handle: RequestHandle) -> None:
         # The client went away: free the request's slots if the driver can (`cancel` is optional).
@@ -168,7 +177,7 @@ class _Service:
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         driver = self.driver
-        body = await _json_object(request)
+        body = await self._api_body(request)
         parsed = parse_chat(body, driver.model_name) if chat else parse_completion(body, driver.model_name)
         prompt = parsed.prompt
         if isinstance(prompt, str):
@@ -228,20 +237,31 @@ class _Service:
         return JSONResponse(await self._control(self.driver.state))
 
     async def plan(self, request: Request) -> Response:
-        return JSONResponse(await self._control(self.driver.plan, await _json_object(request)))
+        return JSONResponse(await self._control(self.driver.plan, await self._control_body(request)))
 
     async def apply(self, request: Request) -> Response:
-        body = await _json_object(request)
-        unknown = sorted(set(body) - {"plan", "plan_hash"})
+        body = await self._control_body(request)
+        unknown = sorted(set(body) - {"plan", "plan_hash", "attestation"})
         if unknown:
-            raise ApiError(f"unrecognized field {unknown[0]}: send {{plan, plan_hash}}")
+            raise ApiError(f"unrecognized field {unknown[0]}: send {{plan, plan_hash, attestation}}")
         if not isinstance(body.get("plan"), dict):
             raise ApiError("plan is missing or not an object: send the plan exactly as /control/plan returned it")
         if not isinstance(body.get("plan_hash"), str) or not body["plan_hash"]:
             raise ApiError("plan_hash is missing or not a string: send the plan_hash /control/plan returned")
-        operation_id = await self._control(self.driver.apply, body["plan"], body["plan_hash"])
+        # The token says who may talk to the engine; the attestation says this very plan passed a review.
+        attestation = attested(self.credentials, body.get("attestation"), body["plan_hash"], time.time())
+        with self.jobs.claim(attestation.job_id):
+            operation_id = await self._control(self.driver.apply, body["plan"], body["plan_hash"],
+                                               attestation.job_id)
         return JSONResponse({"operation_id": operation_id}, status_code=202,
                             headers={"Location": f"/control/operations/{operation_id}"})
+
+    async def find_operations(self, request: Request) -> Response:
+        plan_hash = request.query_params.get("plan_hash", "")
+        if not _PLAN_HASH.fullmatch(plan_hash):
+            raise ApiError("plan_hash: expected the 64 hex digits /control/plan returned, as "
+                           "/control/operations?plan_hash=<hash>")
+        return JSONResponse({"operations": await self._control(self.driver.find_operations, plan_hash)})
 
     async def operation(self, request: Request) -> Response:
         operation_id = request.path_params["operation_id"]
@@ -263,35 +283,48 @@ class _Service:
         return PlainTextResponse(await self._control(render), media_type=METRICS_CONTENT_TYPE)
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"ok": True})
+        # 503 while the driver reports itself unhealthy (e.g. caught in a recovery loop); a driver without
+        # `health` (a test fake) has nothing to report beyond the service answering.
+        health = getattr(self.driver, "health", None)
+        report = {"ok": True} if health is None else await self._control(health)
+        return JSONResponse(report, status_code=200 if report.get("ok") else 503)
 
 
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def build_app(driver: Driver) -> Starlette:
+def _open(request: Request) -> None:
+    """/healthz and /metrics: probes and scrapers hold no credentials, and neither answer carries a secret."""
+
+
+def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
     """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one."""
-    service = _Service(driver)
+    service = _Service(driver, credentials, max_body_bytes)
+    api, control = service.api_gate, service.control_gate
     routes = [
-        ("/v1/completions", service.completions, "POST"),
-        ("/v1/chat/completions", service.chat, "POST"),
-        ("/v1/models", service.models, "GET"),
-        ("/control/state", service.state, "GET"),
-        ("/control/plan", service.plan, "POST"),
-        ("/control/apply", service.apply, "POST"),
-        ("/control/operations/{operation_id}", service.operation, "GET"),
-        ("/metrics", service.metrics, "GET"),
-        ("/healthz", service.healthz, "GET"),
+        ("/v1/completions", service.completions, "POST", api),
+        ("/v1/chat/completions", service.chat, "POST", api),
+        ("/v1/models", service.models, "GET", api),
+        ("/control/state", service.state, "GET", control),
+        ("/control/plan", service.plan, "POST", control),
+        ("/control/apply", service.apply, "POST", control),
+        ("/control/operations", service.find_operations, "GET", control),
+        ("/control/operations/{operation_id}", service.operation, "GET", control),
+        ("/metrics", service.metrics, "GET", _open),
+        ("/healthz", service.healthz, "GET", _open),
     ]
-    return Starlette(routes=[Route(path, _guarded(handler), methods=[method]) for path, handler, method in routes],
+    return Starlette(routes=[Route(path, _guarded(handler, gate), methods=[method])
+                             for path, handler, method, gate in routes],
                      exception_handlers={HTTPException: _http_error})
 
 
-def serve(driver: Driver, host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(driver: Driver, credentials: Credentials, host: str = "127.0.0.1", port: int = 8000,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
     """Serve until interrupted, then shut the driver down (its rank processes with it)."""
     try:
         # Open streams would hold a graceful shutdown forever; give them a few seconds to finish.
-        uvicorn.run(build_app(driver), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+        uvicorn.run(build_app(driver, credentials, max_body_bytes), host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=5)
     finally:
         driver.shutdown()

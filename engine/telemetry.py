@@ -245,6 +245,10 @@ ENGINE_METRICS = (
     ("seam_engine_reconfiguring", "1 while a reconfiguration is in progress.", "reconfiguring"),
     ("seam_engine_pool_tokens", "Predicted KV pool of the current layout in tokens.", "pool_tokens"),
     ("seam_engine_preemptions", "Requests preempted by recompute since start.", "preemptions"),
+    ("seam_engine_healthy", "1 when /healthz is ok: not broken and not in a recovery loop.", "healthy"),
+    ("seam_engine_recoveries_in_a_row", "Failed steps recovered since the last step that succeeded.",
+     "recoveries_in_a_row"),
+    ("seam_engine_recoveries", "Failed steps recovered since start.", "recoveries"),
 )
 
 

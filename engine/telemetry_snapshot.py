@@ -1,9 +1,12 @@
-"""The driver's telemetry snapshot in the ARCHITECTURE.md schema: per rank memory and pools, engine state."""
+"""What the driver shows of itself: the telemetry snapshot in the ARCHITECTURE.md schema (per rank memory and
+pools, engine state and health) and GET /control/state."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
+
+from solvers.ladder import switch_cost_s
 
 if TYPE_CHECKING:
     from engine.driver import PipelineDriver
@@ -48,6 +51,7 @@ def build_snapshot(driver: PipelineDriver, seq: int) -> dict:
             "device_memory": driver.device_memory.get(predicted.rank) or _build_figures(measured),
         })
     prefill_rate, decode_rate = _rates(driver)
+    health = driver.health()
     return {
         "seq": seq, "ts": time.time(), "ranks": ranks,
         "engine": {"cut": list(driver.cut), "shape": driver.shape.to_dict(), "phase": driver.phase,
@@ -55,5 +59,31 @@ def build_snapshot(driver: PipelineDriver, seq: int) -> dict:
                    "prefill_tok_s": round(prefill_rate, 3), "decode_tok_s": round(decode_rate, 3),
                    "reconfiguring": driver.phase not in ("serving", "starting"),
                    "fingerprint": driver.fingerprint(), "pool_tokens": driver.prediction.pool_tokens,
-                   "binding_rank": driver.prediction.binding_rank, "preemptions": scheduler.preemptions},
+                   "binding_rank": driver.prediction.binding_rank, "preemptions": scheduler.preemptions,
+                   # false while broken or in a recovery loop, as /healthz (engine/health.py)
+                   "healthy": health["ok"], "recoveries_in_a_row": health["recoveries_in_a_row"],
+                   "recoveries": health["recoveries"]},
     }
+
+
+def build_state(driver: PipelineDriver) -> dict:
+    """GET /control/state; the caller holds the driver's lock."""
+    return {
+        "fingerprint": driver.fingerprint(), "cut": list(driver.cut), "shape": driver.shape.to_dict(),
+        "phase": driver.phase, "pool_tokens": driver.prediction.pool_tokens,
+        "binding_rank": driver.prediction.binding_rank,
+        "ranks": [{**row, "measured": measured}
+                  for row, measured in zip(driver.prediction.table(), driver.measured, strict=True)],
+        "ladder": _ladder_state(driver), "notes": driver.notes, "stage_ms": driver.stages.summary(),
+        "health": driver.health(),
+    }
+
+
+def _ladder_state(driver: PipelineDriver) -> dict:
+    ladder = driver.ladder()
+    if ladder is None:
+        return {"armed": False}
+    return {"armed": True, "rungs": [list(r) for r in driver.rungs], "current": list(driver.cut),
+            "switch_cost_s": switch_cost_s(ladder, driver.cut), "image_bytes": list(ladder.image_bytes),
+            "pinned_bytes": list(ladder.pinned_bytes),
+            "pools": {",".join(map(str, r.cut)): r.pool_tokens for r in ladder.rungs}}

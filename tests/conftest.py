@@ -1,6 +1,12 @@
 """Shared fixtures for the whole suite."""
 
+import atexit
 import os
+import shutil
+import tempfile
+import uuid
+
+import pytest
 
 from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
@@ -9,3 +15,29 @@ from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 # them for `make run`).
 TEST_CONTROL_TOKEN = os.environ.setdefault(CONTROL_TOKEN_ENV, "seam-test-control-token")
 TEST_APPROVAL_KEY = os.environ.setdefault(APPROVAL_KEY_ENV, "seam-test-approval-key")
+
+# Audit anchors (console/audit/anchor.py) name a database's newest events, so one must never outlive its database.
+# Children this session starts without a var folder of their own (Celery workers on the test database) anchor
+# into a session folder, not the checkout's var/, which belongs to `make run`; stacks that get their own
+# SEAM_VAR_DIR (tests/e2e) keep theirs.
+if "SEAM_VAR_DIR" not in os.environ:
+    os.environ["SEAM_VAR_DIR"] = tempfile.mkdtemp(prefix="seam-test-var-")
+    atexit.register(shutil.rmtree, os.environ["SEAM_VAR_DIR"], ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _audit_anchor_per_test(settings, tmp_path_factory):
+    """Each test anchors its audit events in a file of its own: an anchor left by an earlier test, whose events the
+    test database has since dropped, would read as a truncated trail."""
+    folder = tmp_path_factory.getbasetemp() / "audit-anchors"
+    folder.mkdir(exist_ok=True)
+    settings.SEAM_AUDIT_ANCHOR_PATH = folder / f"{uuid.uuid4().hex}.jsonl"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _engine_credentials_in_settings():
+    """pytest-django imports console.settings before this module sets the credentials above, so this process's
+    console (the worker code tests run in-process) gets them here, as the children get them from the environment."""
+    from django.conf import settings
+
+    settings.SEAM_ENGINE_TOKEN, settings.SEAM_APPROVAL_KEY = TEST_CONTROL_TOKEN, TEST_APPROVAL_KEY

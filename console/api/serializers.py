@@ -33,7 +33,9 @@ class ProposeSerializer(serializers.Serializer):
 
 
 class ApproveSerializer(serializers.Serializer):
-    plan_hash = serializers.CharField(required=False, max_length=64,
+    # Required, as on the job page's form: an approval is bound to the plan the reviewer saw (review-gate rule 2),
+    # never to whatever the job's plan is by the time the request lands.
+    plan_hash = serializers.CharField(max_length=64,
                                       help_text="The plan the reviewer saw; refused (409) if the job's plan changed.")
 
 

@@ -10,6 +10,7 @@ router.register("audit", views.AuditViewSet, basename="audit")
 
 urlpatterns = [
     path("v1/auth/token/", views.TokenView.as_view(), name="api-token"),
+    path("v1/auth/token/revoke/", views.RevokeTokenView.as_view(), name="api-token-revoke"),
     path("v1/frontier/", views.FrontierView.as_view(), name="api-frontier"),
     path("v1/telemetry/latest/", views.TelemetryLatestView.as_view(), name="api-telemetry-latest"),
     path("v1/", include(router.urls)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import redis
 from django.conf import settings
@@ -17,8 +18,12 @@ from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
+from console.accounts.lockout import LockedOut, clear_failures, is_locked_out
+from console.accounts.serializers import IssuedTokenSerializer, TokenRequestSerializer
+from console.accounts.tokens import expires_at, issue_token, revoke_tokens
 from console.api.errors import ApiErrors
 from console.api.frontier import running_frontier
 from console.api.pagination import Pages
@@ -31,16 +36,18 @@ from console.api.serializers import (
     ProposeSerializer,
     RejectSerializer,
 )
+from console.audit.anchor import AnchorState
 from console.audit.models import AuditEvent
 from console.audit.services import export_jsonl, verify_chain
 from console.jobs import services
+from console.jobs.choices import JobStatus
 from console.jobs.errors import JobNotFound
 from console.jobs.models import Job
-from console.jobs.refusals import body_digest, refuse_proposal
+from console.jobs.refusals import body_digest, refuse_proposal, refuse_verb
 from console.live.bridge import telemetry_keys
 
-__all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "NoRoute", "SchemaView", "TelemetryLatestView", "TokenView",
-           "docs_page"]
+__all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "NoRoute", "RevokeTokenView", "SchemaView",
+           "TelemetryLatestView", "TokenView", "docs_page"]
 
 
 def _valid(serializer_class, data):
@@ -50,7 +57,38 @@ def _valid(serializer_class, data):
 
 
 class TokenView(ApiErrors, ObtainAuthToken):
-    """POST username + password -> {"token"} (DRF's token; send it as `Authorization: Token <token>`)."""
+    """POST username + password -> {"token", "expires_at"} (send it as `Authorization: Token <token>`).
+
+    The same token comes back until it expires; after that a new one (rotation). Failed logins count toward
+    django-axes' lockout (console.accounts); a client address is also rate-limited here (ScopedRateThrottle).
+    """
+
+    serializer_class = TokenRequestSerializer
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth-token"
+
+    @extend_schema(request=TokenRequestSerializer, responses={200: IssuedTokenSerializer, 429: ErrorSerializer})
+    def post(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        if not serializer.is_valid():
+            if is_locked_out(request):
+                raise LockedOut()
+            raise ValidationError(serializer.errors)
+        user = serializer.validated_data["user"]
+        clear_failures(request, user)
+        token = issue_token(user)
+        return Response(IssuedTokenSerializer({"token": token.key, "expires_at": expires_at(token)}).data)
+
+
+class RevokeTokenView(ApiErrors, APIView):
+    """POST -> 204: the caller's API token stops working at once (audited). A new one: POST /api/v1/auth/token/."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=None, responses={204: None})
+    def post(self, request):
+        revoke_tokens(request.user, actor=request.user, reason="revoked by its user")
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class SchemaView(ApiErrors, SpectacularAPIView):
@@ -85,11 +123,31 @@ class NoRoute(ApiErrors, APIView):
     post = put = patch = delete = get
 
 
+STATUS_FILTER = OpenApiParameter(
+    "status", str, many=True, explode=False, enum=JobStatus.values,
+    description="only jobs in these statuses: one (`?status=queued`) or several (`?status=queued,running`)")
+
+
 class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     queryset = Job.objects.all()
     serializer_class = JobSerializer
     permission_classes = [IsAuthenticated, HasRole]
     pagination_class = Pages
+
+    def get_queryset(self):
+        jobs = super().get_queryset()
+        wanted = [part.strip() for raw in self.request.query_params.getlist("status") for part in raw.split(",")]
+        wanted = [name for name in wanted if name]
+        # Refused rather than ignored: an ignored typo would answer a list that looks filtered and is not.
+        unknown = [name for name in wanted if name not in JobStatus.values]
+        if unknown:
+            raise ValidationError({"status": f"unknown status {unknown[0][:40]!r}; expected one or several "
+                                             f"(comma-separated) of {', '.join(JobStatus.values)}"})
+        return jobs.filter(status__in=wanted) if wanted else jobs
+
+    @extend_schema(parameters=[STATUS_FILTER])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     def get_object(self):
         pk = self.kwargs["pk"]
@@ -100,6 +158,16 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
 
     def _answer(self, job, code=status.HTTP_200_OK):
         return Response(JobSerializer(job).data, status=code)
+
+    def _body(self, verb: str, serializer_class) -> dict:
+        """The verb's body, validated. One refused here (not JSON, approve without its plan_hash) never reaches
+        the service, so it is audited here as `job.<verb>_refused`, as the service records its own refusals."""
+        try:
+            return _valid(serializer_class, self.request.data)
+        except APIException as refusal:
+            refuse_verb(verb, self.request.user, self.kwargs["pk"], json.dumps(refusal.detail),
+                        type(refusal).__name__, request_id=self.request.request_id)
+            raise
 
     @extend_schema(request=ProposeSerializer, responses={201: JobSerializer, 409: ErrorSerializer, 422: ErrorSerializer,
                                                         503: ErrorSerializer})
@@ -118,15 +186,15 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     @action(detail=True, methods=["post"])
     def approve(self, request, pk=None):
         """Approve the plan you saw (reviewer, not the proposer); the last approval needed queues the job."""
-        body = _valid(ApproveSerializer, request.data)
-        job = services.approve(request.user, self.get_object(), plan_hash=body.get("plan_hash"),
+        body = self._body("approve", ApproveSerializer)
+        job = services.approve(request.user, self.get_object(), plan_hash=body["plan_hash"],
                                request_id=request.request_id)
         return self._answer(job)
 
     @extend_schema(request=RejectSerializer, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
-        body = _valid(RejectSerializer, request.data)
+        body = self._body("reject", RejectSerializer)
         job = services.reject(request.user, self.get_object(), reason=body.get("reason", ""),
                               request_id=request.request_id)
         return self._answer(job)
@@ -159,12 +227,17 @@ class AuditViewSet(ApiErrors, mixins.ListModelMixin, viewsets.GenericViewSet):
 
     @extend_schema(responses=inline_serializer("AuditVerify", {
         "ok": serializers.BooleanField(), "checked": serializers.IntegerField(),
-        "first_broken": serializers.IntegerField(allow_null=True), "reason": serializers.CharField(allow_null=True)}))
+        "first_broken": serializers.IntegerField(allow_null=True), "reason": serializers.CharField(allow_null=True),
+        "anchor": serializers.ChoiceField(choices=[state.value for state in AnchorState]),
+        "anchored_seq": serializers.IntegerField(allow_null=True),
+        "anchor_note": serializers.CharField(allow_null=True), "legacy_events": serializers.IntegerField()}))
     @action(detail=False, methods=["get"])
     def verify(self, request):
+        """The keyed chain walked from the genesis and held against the anchor file (`anchor` says whether it was)."""
         result = verify_chain()
         return Response({"ok": result.ok, "checked": result.checked, "first_broken": result.first_broken,
-                         "reason": result.reason})
+                         "reason": result.reason, "anchor": result.anchor.value, "anchored_seq": result.anchored_seq,
+                         "anchor_note": result.anchor_note, "legacy_events": result.legacy_events})
 
     @extend_schema(parameters=AUDIT_FILTERS, responses={(200, "application/x-ndjson"): OpenApiTypes.STR})
     @action(detail=False, methods=["get"])
@@ -180,8 +253,9 @@ class FrontierView(ApiErrors, APIView):
 
     permission_classes = [IsAuthenticated, HasRole]
 
-    @extend_schema(parameters=[OpenApiParameter("min_pool_ratio", float)],
-                   responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
+    @extend_schema(parameters=[OpenApiParameter(
+        "min_pool_ratio", float, description="keep only cuts whose pool is at least this fraction of the "
+        "incumbent's: a finite number >= 0, e.g. 0.9")], responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
     def get(self, request):
         raw = request.query_params.get("min_pool_ratio")
         ratio = None
@@ -189,8 +263,12 @@ class FrontierView(ApiErrors, APIView):
             try:
                 ratio = float(raw)
             except ValueError:
+                ratio = math.nan
+            # float() also reads "nan" and "inf": NaN compares false with every pool (a frontier of nothing
+            # answered 200 as if it were one), so only a finite ratio >= 0 is a question.
+            if not math.isfinite(ratio) or ratio < 0:
                 raise ValidationError(
-                    {"min_pool_ratio": f"expected a number >= 0, e.g. 0.9 (got {raw[:40]!r})"}) from None
+                    {"min_pool_ratio": f"expected a finite number >= 0, e.g. 0.9 (got {raw[:40]!r})"})
         return Response(running_frontier(ratio).to_dict())
 
 

@@ -1,29 +1,29 @@
-"""The audit trail's one write path, its verification and its export (ARCHITECTURE.md, "Audit trail").
+"""The audit trail's one write path and its export; verification is re-exported from its own module.
 
 `record` appends an event inside the caller's transaction: the event commits with the change it
 records, and if the event cannot be written the exception propagates and the change rolls back. Each
-event is linked to the one before it: `hash = sha256(prev_hash + canonical JSON of its content)`, with
-`solvers.plans.canonical_json` as the one canonical form. Appends take a row lock on AuditChainLock,
-so concurrent writers queue instead of forking the chain.
+event is linked to the one before it by a keyed hash (console.audit.chain), and once its transaction
+commits the new head is anchored outside the database (console.audit.anchor). Appends take a row lock on
+AuditChainLock, so concurrent writers queue instead of forking the chain.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import hmac
 import json
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from django.db import connections, router, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from console.audit.anchor import append_anchor
+from console.audit.chain import CONTENT_FIELDS, compute_hash, event_content, iso_timestamp
 from console.audit.errors import AuditWriteRefused
-from console.audit.models import GENESIS_HASH, AuditChainLock, AuditEvent
+from console.audit.models import GENESIS_HASH, AuditChainLock, AuditEvent, ChainScheme
 from console.audit.request_id import current_request_id, is_sane_request_id
+from console.audit.verification import VerifyResult, verify_chain
 from solvers.errors import SolverError
 from solvers.plans import canonical_json
 
@@ -31,44 +31,9 @@ __all__ = ["SYSTEM_ACTOR", "VerifyResult", "compute_hash", "event_content", "exp
            "verify_chain"]
 
 SYSTEM_ACTOR = "system"
-# What the hash covers, in this order of meaning (canonical JSON sorts the keys anyway).
-CONTENT_FIELDS = ("seq", "actor_name", "action", "subject", "payload", "before", "after", "request_id", "timestamp")
-EXPORT_FIELDS = ("id", *CONTENT_FIELDS, "actor_id", "prev_hash", "hash")
+EXPORT_FIELDS = ("id", *CONTENT_FIELDS, "actor_id", "prev_hash", "hash", "scheme")
 _LIMITS = {"action": AuditEvent._meta.get_field("action").max_length,
            "subject": AuditEvent._meta.get_field("subject").max_length}
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    ok: bool
-    checked: int  # events whose links verified, in seq order
-    first_broken: int | None  # seq of the first event whose link is broken
-    reason: str | None
-
-    def __str__(self) -> str:
-        if self.ok:
-            return f"ok: {self.checked} events"
-        return f"broken at event #{self.first_broken} after {self.checked} good events: {self.reason}"
-
-
-# --- content and hash --------------------------------------------------------------------------
-
-def _iso(timestamp: dt.datetime | str) -> str:
-    if isinstance(timestamp, str):  # already ISO (an exported line)
-        return timestamp
-    return timestamp.astimezone(dt.UTC).isoformat(timespec="microseconds")
-
-
-def event_content(event: AuditEvent | Mapping[str, Any]) -> dict[str, Any]:
-    """What the hash covers, from a model instance, a `values()` row or an exported line."""
-    get = event.get if isinstance(event, Mapping) else lambda name: getattr(event, name)
-    content = {name: get(name) for name in CONTENT_FIELDS}
-    content["timestamp"] = _iso(content["timestamp"])
-    return content
-
-
-def compute_hash(prev_hash: str, content: Mapping[str, Any]) -> str:
-    return hashlib.sha256((prev_hash + canonical_json(content)).encode("ascii")).hexdigest()
 
 
 # --- record ------------------------------------------------------------------------------------
@@ -108,9 +73,12 @@ def record(*, actor, action: str, subject: str, payload: dict, before: dict | No
             after=after,
             request_id=request_id or "",
             prev_hash=GENESIS_HASH if head is None else head.hash,
+            scheme=ChainScheme.HMAC_SHA256,
         )
         event.hash = compute_hash(event.prev_hash, event_content(event))
         event.save(using=using)
+        # After the outermost commit only: an anchor must never name an event that rolled back.
+        transaction.on_commit(partial(append_anchor, event.seq, event.hash), using=using, robust=True)
     return event
 
 
@@ -156,40 +124,13 @@ def _as_stored(using: str, **values: Any) -> list[Any]:
     return json.loads(text)
 
 
-# --- verify and export -------------------------------------------------------------------------
-
-def _rows(queryset: QuerySet | None, fields: Iterable[str]) -> Iterator[dict[str, Any]]:
-    queryset = AuditEvent.objects.all() if queryset is None else queryset
-    return queryset.order_by("seq").values(*fields).iterator(chunk_size=2000)
-
-
-def verify_chain() -> VerifyResult:
-    """Walk the whole chain from the genesis, recompute every hash, and name the first broken link."""
-    prev_hash, expected, checked = GENESIS_HASH, 1, 0
-    for row in _rows(None, (*CONTENT_FIELDS, "id", "prev_hash", "hash")):
-        seq = row["seq"]
-        where = "the genesis value" if expected == 1 else f"the hash of event #{expected - 1}"
-        if seq != expected:
-            reason = f"seq {seq} where {expected} was expected: events are missing or out of order"
-        elif not hmac.compare_digest(row["prev_hash"], prev_hash):
-            reason = f"prev_hash is not {where}: the chain was cut or an earlier event rewritten"
-        else:
-            try:
-                recomputed = compute_hash(prev_hash, event_content(row))
-            except SolverError as error:
-                reason = f"content cannot be hashed ({error})"
-            else:
-                reason = None if hmac.compare_digest(recomputed, row["hash"]) else (
-                    "hash does not match the event's content: the row was changed after it was recorded")
-        if reason is not None:
-            return VerifyResult(False, checked, seq, f"event #{seq} (id {row['id']}): {reason}")
-        prev_hash, expected, checked = row["hash"], expected + 1, checked + 1
-    return VerifyResult(True, checked, None, None)
-
+# --- export ------------------------------------------------------------------------------------
 
 def export_jsonl(queryset: QuerySet | None = None) -> Iterator[str]:
     """One canonical JSON line (ending in a newline) per event, in seq order; every line carries its
-    content, prev_hash and hash, so an export can be re-verified without the database."""
-    for row in _rows(queryset, EXPORT_FIELDS):
-        row["timestamp"] = _iso(row["timestamp"])
+    content, prev_hash, hash and scheme, so an export can be re-verified without the database (keyed
+    events need SEAM_AUDIT_KEY)."""
+    queryset = AuditEvent.objects.all() if queryset is None else queryset
+    for row in queryset.order_by("seq").values(*EXPORT_FIELDS).iterator(chunk_size=2000):
+        row["timestamp"] = iso_timestamp(row["timestamp"])
         yield canonical_json(row) + "\n"

@@ -1,9 +1,14 @@
 """A small typed client for the engine's control API, the only way the console reaches the engine.
 
-    GET  /control/state                 -> EngineState
-    POST /control/plan                  -> PlanReply      {kind, target, incumbent_fingerprint}
-    POST /control/apply                 -> operation id   202 | 409 stale or busy | 422 infeasible | 400
-    GET  /control/operations/{id}       -> Operation
+    GET  /control/state                     -> EngineState
+    POST /control/plan                      -> PlanReply      {kind, target, incumbent_fingerprint}
+    POST /control/apply                     -> operation id   {plan, plan_hash, attestation}: 202 | 403 attestation
+                                                              refused | 409 stale, busy or job id used | 422 | 400
+    GET  /control/operations?plan_hash=     -> [Operation]    the operations started for one plan
+    GET  /control/operations/{id}           -> Operation
+
+Every call carries the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`, solvers/attestation.py); an
+engine answers 401 without it. An apply also carries the job's approval attestation (console.jobs.attestation).
 
 A connection that cannot be made, or an answer that does not come in time, is EngineUnreachable (its
 message names the URL and what happened); an answer the engine gives with an error status is EngineRefused
@@ -16,6 +21,8 @@ from typing import Any, NotRequired, TypedDict
 
 import httpx
 from django.conf import settings
+
+from solvers.attestation import CONTROL_TOKEN_ENV, bearer_token
 
 __all__ = ["EngineClient", "EngineError", "EngineRefused", "EngineState", "EngineUnreachable", "Operation",
            "PlanReply", "OPERATION_DONE"]
@@ -51,6 +58,8 @@ class Operation(TypedDict):
     measured: dict[str, Any] | None
     error: str | None
     previous: NotRequired[dict[str, Any] | None]
+    plan_hash: NotRequired[str]
+    job_id: NotRequired[int | None]  # the console job whose attestation started it
 
 
 class EngineError(Exception):
@@ -78,11 +87,14 @@ class EngineRefused(EngineError):
 
 class EngineClient:
     def __init__(self, base_url: str | None = None, timeout_s: float | None = None,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, token: str | None = None):
         self.base_url = (base_url or settings.ENGINE_URL).rstrip("/")
         read = timeout_s if timeout_s is not None else getattr(settings, "SEAM_ENGINE_TIMEOUT_S", DEFAULT_TIMEOUT_S)
-        self._http = httpx.Client(base_url=self.base_url, transport=transport,
-                                  timeout=httpx.Timeout(read, connect=min(CONNECT_TIMEOUT_S, read)))
+        token = settings.SEAM_ENGINE_TOKEN if token is None else token
+        # Without a token the calls still go out: the engine's 401 then names what it wants, and _call adds ours.
+        self._tokenless = not token
+        self._http = httpx.Client(base_url=self.base_url, transport=transport, headers=bearer_token(token) if token
+                                  else None, timeout=httpx.Timeout(read, connect=min(CONNECT_TIMEOUT_S, read)))
 
     def __enter__(self) -> EngineClient:
         return self
@@ -101,21 +113,31 @@ class EngineClient:
         return self._call("POST", "/control/plan", {"kind": kind, "target": target,
                                                     "incumbent_fingerprint": incumbent_fingerprint})
 
-    def apply(self, plan: dict, plan_hash: str) -> str:
-        reply = self._call("POST", "/control/apply", {"plan": plan, "plan_hash": plan_hash})
+    def apply(self, plan: dict, plan_hash: str, attestation: dict) -> str:
+        """Apply the reviewed `plan` with the console's `attestation` of its review; returns the operation id."""
+        reply = self._call("POST", "/control/apply", {"plan": plan, "plan_hash": plan_hash,
+                                                      "attestation": attestation})
         operation_id = reply.get("operation_id")
         if not isinstance(operation_id, str) or not operation_id:
             raise EngineError(f"the engine accepted the plan but named no operation: {reply!r}")
         return operation_id
 
+    def find_operations(self, plan_hash: str) -> list[Operation]:
+        """The operations the engine started for `plan_hash`, oldest first: how a lost operation id is found."""
+        reply = self._call("GET", "/control/operations", params={"plan_hash": plan_hash})
+        operations = reply.get("operations")
+        if not isinstance(operations, list) or not all(isinstance(op, dict) for op in operations):
+            raise EngineError(f"the engine's operations of plan {plan_hash[:16]} are not a list: {reply!r:.200}")
+        return operations
+
     def operation(self, operation_id: str) -> Operation:
         return self._call("GET", f"/control/operations/{operation_id}")
 
     # --- plumbing --------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+    def _call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> Any:
         where = f"{method} {self.base_url}{path}"
         try:
-            response = self._http.request(method, path, json=body)
+            response = self._http.request(method, path, json=body, params=params)
         except httpx.ConnectError as error:
             raise EngineUnreachable(f"engine unreachable at {self.base_url}: {error}", sent=False) from error
         except httpx.ConnectTimeout as error:
@@ -132,7 +154,10 @@ class EngineClient:
             data = None
         if response.is_error:
             message = data.get("error") if isinstance(data, dict) else None
-            raise EngineRefused(response.status_code, str(message) if message else response.text[:500])
+            message = str(message) if message else response.text[:500]
+            if response.status_code == 401 and self._tokenless:
+                message += f" (this console holds no control token: set {CONTROL_TOKEN_ENV} in its environment)"
+            raise EngineRefused(response.status_code, message)
         if not isinstance(data, dict):
             raise EngineError(f"{where} answered {response.status_code} without a JSON object")
         return data

@@ -29,8 +29,13 @@ def start(job: Job | int, *, worker: str = "", task_id: str = "") -> Job:
                       task_id=task_id[:255], phase="", progress=0.0, error="")
 
 
-def record_operation(job: Job | int, operation_id: str) -> Job:
-    """The engine accepted the plan as `operation_id`; recorded at once so the reconciler can find it."""
+def record_operation(job: Job | int, operation_id: str, *, approvers: list[str] | None = None,
+                     reconciled: bool = False) -> Job:
+    """The engine accepted the plan as `operation_id`; recorded at once so the reconciler can find it.
+
+    `approvers`: the reviewers the worker's attestation named to the engine. `reconciled`: the reconciler found the
+    operation on the engine by plan hash after the worker died without recording it (the approvers then unknown).
+    """
     job_id = job_id_of(job)
     with transaction.atomic():
         changed = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING, engine_operation_id="").update(
@@ -39,7 +44,8 @@ def record_operation(job: Job | int, operation_id: str) -> Job:
             raise lost(job_id, JobStatus.RUNNING, f"record operation {operation_id}")
         job = Job.objects.get(pk=job_id)
         record(actor=None, action="job.applied", subject=subject_of(job),
-               payload={"operation_id": operation_id, "plan_hash": job.plan_hash})
+               payload={"operation_id": operation_id, "plan_hash": job.plan_hash, "approvers": approvers,
+                        "reconciled": reconciled})
         publish_on_commit(job)
     return job
 

@@ -1,5 +1,7 @@
 """Refused attempts leave a trace: a proposal or a review verb the console refuses is an audit event, like every
-change it makes (`job.propose_refused`; `job.approve_refused`, `job.reject_refused`, `job.cancel_refused`)."""
+change it makes (`job.propose_refused`; `job.approve_refused`, `job.reject_refused`, `job.cancel_refused`), and so
+is a state-changing request turned away at the door because its user holds none of the console roles
+(`access.refused`: the API's HasRole, the pages' console_page), before any service sees it."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from django.db import transaction
 
 from console.audit.services import record
 
-__all__ = ["REFUSED_SUBJECT", "body_digest", "records_refusals", "refuse_proposal"]
+__all__ = ["REFUSED_SUBJECT", "body_digest", "records_refusals", "refuse_access", "refuse_proposal", "refuse_verb"]
 
 REFUSED_SUBJECT = "jobs"  # no job exists for a refused proposal: the event is about the job list
 
@@ -31,6 +33,22 @@ def refuse_proposal(user, digest: str, refusal: Exception, *, request_id: str | 
                payload=payload)
 
 
+def refuse_access(user, *, method: str, path: str, why: str, job_id: object = None,
+                  request_id: str | None = None) -> None:
+    """Record a state-changing request refused for want of a role (`access.refused`), on the job it named
+    (`job:<id>`) or else on its path: who tried, the method and path, and why.
+
+    Call it before answering the refusal: the event commits in its own transaction, whatever the refused request
+    then does, and like every audit write it fails closed (if it cannot be written the caller gets that error).
+    `user` is an authenticated user: callers send an anonymous request to log in, which is no one's attempt.
+    """
+    key = str(job_id)
+    subject = f"job:{key}" if key.isascii() and key.isdigit() else path
+    payload = {"method": method[:16], "path": path[:500], "reason": why[:2000], "user": user.get_username()}
+    with transaction.atomic():
+        record(actor=user, action="access.refused", subject=subject[:64], request_id=request_id, payload=payload)
+
+
 def body_digest(body: object) -> str:
     """sha256 of a body as JSON (sorted keys); of its repr when it has no JSON form (NaN, a huge integer)."""
     try:
@@ -38,6 +56,21 @@ def body_digest(body: object) -> str:
     except (ValueError, TypeError, RecursionError):
         text = repr(body)[:1_000_000]
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
+
+
+def refuse_verb(verb: str, user, job: object, reason: str, code: str, *, plan_hash: object = None,
+                request_id: str | None = None) -> None:
+    """Record a refused job verb (`job.<verb>_refused`) on the job it named: who tried, why (`reason`) and the
+    kind of refusal (`code`: the exception's class name)."""
+    key = getattr(job, "pk", job)
+    subject = f"job:{key}" if isinstance(key, int) or str(key).isdigit() else REFUSED_SUBJECT
+    actor = user if getattr(user, "is_authenticated", False) else None
+    payload = {"reason": reason[:2000], "code": code, "user": user.get_username() if actor else "anonymous"}
+    if plan_hash is not None:
+        payload["plan_hash"] = str(plan_hash)[:64]
+    with transaction.atomic():
+        record(actor=actor, action=f"job.{verb}_refused", subject=subject[:64], request_id=request_id,
+               payload=payload)
 
 
 def records_refusals(verb: str) -> Callable:
@@ -52,16 +85,8 @@ def records_refusals(verb: str) -> Callable:
             try:
                 return function(user, job, **kwargs)
             except JobError as refusal:
-                key = getattr(job, "pk", job)
-                subject = f"job:{key}" if isinstance(key, int) or str(key).isdigit() else REFUSED_SUBJECT
-                actor = user if getattr(user, "is_authenticated", False) else None
-                payload = {"reason": str(refusal)[:2000], "code": type(refusal).__name__,
-                           "user": user.get_username() if actor else "anonymous"}
-                if kwargs.get("plan_hash") is not None:
-                    payload["plan_hash"] = str(kwargs["plan_hash"])[:64]
-                with transaction.atomic():
-                    record(actor=actor, action=f"job.{verb}_refused", subject=subject[:64],
-                           request_id=kwargs.get("request_id"), payload=payload)
+                refuse_verb(verb, user, job, str(refusal), type(refusal).__name__, plan_hash=kwargs.get("plan_hash"),
+                            request_id=kwargs.get("request_id"))
                 raise
         return recorded
     return wrap

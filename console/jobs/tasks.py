@@ -1,13 +1,14 @@
-"""Celery tasks: run one job, settle what dead workers left behind. The logic is in console.jobs.worker."""
+"""Celery tasks: run one job, settle what dead workers left behind, watch the engine's layout. The logic is in
+console.jobs.worker and console.jobs.layout_watch."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
 from console.audit.request_id import bind_request_id, is_sane_request_id
-from console.jobs import worker
+from console.jobs import layout_watch, worker
 
-__all__ = ["reconcile_jobs", "run_job"]
+__all__ = ["reconcile_jobs", "run_job", "watch_engine_layout"]
 
 
 @shared_task(name="console.jobs.tasks.run_job", bind=True, ignore_result=True, acks_late=True)
@@ -21,3 +22,9 @@ def run_job(self, job_id: int, request_id: str | None = None) -> str:
 @shared_task(name="console.jobs.tasks.reconcile_jobs", ignore_result=True)
 def reconcile_jobs(older_than_s: float | None = None) -> list[list]:
     return [[job_id, outcome] for job_id, outcome in worker.reconcile(older_than_s=older_than_s)]
+
+
+@shared_task(name="console.jobs.tasks.watch_engine_layout", ignore_result=True)
+def watch_engine_layout() -> str:
+    """Audit (once) a layout change of the engine that no job of the console caused."""
+    return layout_watch.watch()

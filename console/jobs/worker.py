@@ -6,13 +6,18 @@ a second delivery of a running or finished job finds nothing to claim and does n
 1. the stored plan must still hash to the reviewed plan_hash, and an approval must be bound to that hash;
 2. the engine's fingerprint is read again: another layout than the reviewed plan's incumbent ends the job
    `stale` without touching the engine (rule 4);
-3. POST /control/apply; the operation id is recorded at once, so the reconciler can always find it;
+3. POST /control/apply with the job's approval attestation (console.jobs.attestation: the reviewers whose
+   approvals count, signed with the approval key; without the key nothing is applied); the operation id is
+   recorded at once with the approvers;
 4. the operation is polled, its phase and progress stored on the job (and published), until it ends
-   succeeded, failed or rolled_back, with the engine's predicted, measured and previous figures recorded.
+   succeeded, failed or rolled_back, with the engine's predicted, measured and previous figures recorded, and
+   the layout the engine then runs noted as the job's doing (console.jobs.layout_watch).
 
 An engine that cannot be reached before the plan is sent fails the job with that reason: nothing was applied
 and nothing is retried. Once the engine holds an operation, losing contact leaves the job `running` for
-`reconcile()`, which settles it from the engine's own operation record rather than guessing.
+`reconcile()`, which settles it from the engine's own operation record rather than guessing; a worker that died
+between the engine accepting the plan and the id being recorded is found out by asking the engine for the
+operations of the job's plan hash.
 """
 
 from __future__ import annotations
@@ -26,9 +31,17 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from console.jobs import services
+from console.jobs import layout_watch, services
+from console.jobs.attestation import CannotAttest, attest
 from console.jobs.choices import JobStatus
-from console.jobs.engine_client import OPERATION_DONE, EngineClient, EngineError, EngineRefused, EngineUnreachable
+from console.jobs.engine_client import (
+    OPERATION_DONE,
+    EngineClient,
+    EngineError,
+    EngineRefused,
+    EngineUnreachable,
+    Operation,
+)
 from console.jobs.errors import JobError
 from console.jobs.models import Approval, Job
 from solvers.errors import SolverError
@@ -88,10 +101,14 @@ def _run(job: Job, engine: EngineClient) -> str:
         return _end(job, JobStatus.FAILED, f"{error}; nothing was applied")
     if state["fingerprint"] != job.incumbent_fingerprint:
         return _end(job, JobStatus.STALE, _stale(state["fingerprint"], job))
-    operation_id, ending = _apply(job, engine)
+    try:
+        attestation = attest(job)
+    except CannotAttest as error:
+        return _end(job, JobStatus.FAILED, str(error))
+    operation_id, ending = _apply(job, engine, attestation)
     if ending is not None:
         return ending
-    services.record_operation(job, operation_id)
+    services.record_operation(job, operation_id, approvers=attestation["approvers"])
     return _follow(job, engine, operation_id)
 
 
@@ -111,12 +128,12 @@ def _stale(fingerprint: str, job: Job) -> str:
             "nothing was applied; propose again")
 
 
-def _apply(job: Job, engine: EngineClient) -> tuple[str, str | None]:
+def _apply(job: Job, engine: EngineClient, attestation: dict) -> tuple[str, str | None]:
     """POST /control/apply, waiting out a busy engine for a while; returns (operation id, None) or ("", ending)."""
     deadline = time.monotonic() + _setting("SEAM_JOB_BUSY_WAIT_S", BUSY_WAIT_S)
     while True:
         try:
-            return engine.apply(job.plan, job.plan_hash), None
+            return engine.apply(job.plan, job.plan_hash, attestation), None
         except EngineUnreachable as error:
             if error.sent:
                 return "", _end(job, JobStatus.FAILED, f"{error}; the engine may have received the plan: check its "
@@ -163,7 +180,7 @@ def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
             raise
         lost_since = None
         if operation["status"] in OPERATION_DONE:
-            return _end(job, operation["status"], operation.get("error") or "", operation)
+            return _ended_on_engine(job, engine, operation)
         now = time.monotonic()
         if (operation["phase"], operation["progress"]) != shown or now - beat >= HEARTBEAT_S:
             services.report_progress(job, phase=operation["phase"], progress=operation["progress"])
@@ -173,6 +190,14 @@ def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
                         operation["status"])
             return JobStatus.RUNNING
         time.sleep(poll_s)
+
+
+def _ended_on_engine(job: Job, engine: EngineClient, operation: Operation, reconciled: bool = False) -> str:
+    """End the job as its operation ended, then note the layout the engine runs as the job's doing, so the layout
+    watch does not take the job's own change for one nobody explains."""
+    ending = _end(job, operation["status"], operation.get("error") or "", operation, reconciled=reconciled)
+    layout_watch.note_job_end(job, engine)
+    return ending
 
 
 def _end(job: Job, status: str, error: str, operation: dict | None = None, reconciled: bool = False) -> str:
@@ -190,8 +215,10 @@ def reconcile(*, older_than_s: float | None = None, client: EngineClient | None 
 
     A running job whose `updated` (the worker's heartbeat) is older than `older_than_s` is settled from the
     engine's operation record: ended as the engine says if the operation ended, kept running (heartbeat
-    renewed) while the engine still works on it, failed if the engine never got it (no operation id) or has
-    no record of it. While the engine cannot be reached, nothing is decided. Returns (job id, outcome) pairs.
+    renewed) while the engine still works on it, failed if the engine never got it or has no record of it.
+    A job without an operation id (its worker died before recording one, perhaps after the engine accepted the
+    plan) is looked up on the engine by plan hash and job id. While the engine cannot be reached, nothing is
+    decided. Returns (job id, outcome) pairs.
     """
     if older_than_s is None:
         older_than_s = _setting("SEAM_JOB_RECONCILE_AFTER_S", 120.0)
@@ -211,8 +238,7 @@ def reconcile(*, older_than_s: float | None = None, client: EngineClient | None 
 
 def _settle(job: Job, engine: EngineClient) -> str:
     if not job.engine_operation_id:
-        return _end(job, JobStatus.FAILED, "the worker stopped before the engine was given the plan (no operation "
-                                           "id was recorded); the engine was not asked to change", reconciled=True)
+        return _settle_without_operation_id(job, engine)
     try:
         operation = engine.operation(job.engine_operation_id)
     except EngineRefused as error:
@@ -222,7 +248,32 @@ def _settle(job: Job, engine: EngineClient) -> str:
         return f"left running: {error}"
     except EngineError as error:
         return f"left running: {error}"
+    return _settle_from(job, engine, operation)
+
+
+def _settle_without_operation_id(job: Job, engine: EngineClient) -> str:
+    """The worker stopped before it recorded an operation id: before the engine got the plan, or after. The
+    engine's operations for the job's plan hash say which: the one its attestation named this job started."""
+    try:
+        found = [op for op in engine.find_operations(job.plan_hash) if op.get("job_id") == job.pk]
+    except EngineError as error:
+        return f"left running: {error}"
+    if not found:
+        return _end(job, JobStatus.FAILED, "the worker stopped before the engine was given the plan: no operation id "
+                                           f"was recorded and the engine has no operation of job {job.pk} for plan "
+                                           f"{job.plan_hash[:16]}; the engine was not asked to change (unless it "
+                                           "restarted since, losing its records: check its /control/state)",
+                    reconciled=True)
+    operation = found[-1]  # the engine starts one operation per job's attestation; the newest, should that change
+    try:
+        services.record_operation(job, operation["id"], reconciled=True)
+    except JobError as lost:  # another reconciler, or the worker after all, got there first
+        return f"left alone: {lost}"
+    return _settle_from(job, engine, operation)
+
+
+def _settle_from(job: Job, engine: EngineClient, operation: Operation) -> str:
     if operation["status"] in OPERATION_DONE:
-        return _end(job, operation["status"], operation.get("error") or "", operation, reconciled=True)
+        return _ended_on_engine(job, engine, operation, reconciled=True)
     services.report_progress(job, phase=operation["phase"], progress=operation["progress"])
     return f"still {operation['status']} on the engine"

@@ -9,8 +9,10 @@ A page loads a snapshot with its seq, opens the socket, subscribes, then fetches
     <- {"type": "telemetry", "snapshot": {...}}   /   {"type": "job", "job": {...}}
 
 A subscribe replaces the groups held; every group is checked server-side (`refusal`) and one refused group
-refuses the whole request. Anonymous sockets are accepted and closed at once with code 4401, so the browser
-sees the code (a refused handshake shows it only 1006) and stops reconnecting instead of retrying.
+refuses the whole request. Every group needs one of the console roles (viewer, operator, reviewer), as every
+page and endpoint does; the roles are read afresh at each subscribe, so a revoked role stops the next one.
+Anonymous sockets are accepted and closed at once with code 4401, so the browser sees the code (a refused
+handshake shows it only 1006) and stops reconnecting instead of retrying.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from __future__ import annotations
 import re
 
 import redis.asyncio as aioredis
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from console.jobs.roles import roles_of
 from console.live.bridge import TELEMETRY_GROUP, recent_since
 
 __all__ = ["CLOSE_UNAUTHENTICATED", "LiveConsumer", "refusal"]
@@ -30,13 +34,23 @@ MAX_GROUPS = 32
 _JOB_GROUP = re.compile(r"job-[1-9][0-9]{0,17}")
 
 
-def refusal(user, group: object) -> str | None:
-    """Why `user` may not join `group`, or None. Any authenticated user reads telemetry and every job."""
+def refusal(user, roles: set[str], group: object) -> str | None:
+    """Why `user`, holding `roles` (console.jobs.roles.roles_of), may not join `group`, or None.
+
+    Any of the console roles reads telemetry and every job, as the pages and the API let it."""
     if not getattr(user, "is_authenticated", False):
         return "login required"
+    if not roles:
+        return (f"{user.get_username()} has none of the console roles (viewer, operator or reviewer); "
+                "ask an administrator for one")
     if group == TELEMETRY_GROUP or (isinstance(group, str) and _JOB_GROUP.fullmatch(group)):
         return None
     return f"unknown group {group!r} (expected 'telemetry' or 'job-<id>')"
+
+
+@database_sync_to_async
+def _roles(user) -> set[str]:
+    return roles_of(user)
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -64,7 +78,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(groups, list) or len(groups) > MAX_GROUPS:
             await self._error(f"'groups' must be a list of at most {MAX_GROUPS} group names")
             return
-        refused = {str(group): reason for group in groups if (reason := refusal(self.scope["user"], group))}
+        user = self.scope["user"]
+        roles = await _roles(user)
+        refused = {str(group): reason for group in groups if (reason := refusal(user, roles, group))}
         if refused:
             await self._error("subscription refused: " + "; ".join(refused.values()), refused=sorted(refused))
             return
@@ -79,6 +95,11 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def _fetch(self, after_seq: object) -> None:
         if not isinstance(after_seq, int) or isinstance(after_seq, bool):
             await self._error("'after_seq' must be an integer (the seq of the snapshot the page holds)")
+            return
+        # A fetch reads the telemetry group's history, so it is refused to whoever may not join that group.
+        user = self.scope["user"]
+        if reason := refusal(user, await _roles(user), TELEMETRY_GROUP):
+            await self._error(f"fetch refused: {reason}")
             return
         client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=2.0, socket_connect_timeout=2.0)
         try:

@@ -13,21 +13,28 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from rest_framework.permissions import SAFE_METHODS
 
 from console.jobs.choices import CANCELLABLE, JobStatus
 from console.jobs.models import Approval, Job
+from console.jobs.refusals import refuse_access
 from console.jobs.roles import OPERATOR, REVIEWER, roles_of
 
 __all__ = ["JobActions", "console_page", "job_actions"]
 
 
 def console_page(view: Callable) -> Callable:
-    """Login required (redirect to the login page); a logged-in user without a console role gets 403."""
+    """Login required (redirect to the login page); a logged-in user without a console role gets 403, and a
+    POST so refused (a job form, hand-made: no page offers one) is audited as `access.refused`."""
     @wraps(view)
     def guarded(request, *args, **kwargs):
         if not roles_of(request.user):
-            raise PermissionDenied(f"{request.user.get_username()} has none of the console roles "
-                                   "(viewer, operator or reviewer); ask an administrator for one")
+            why = (f"{request.user.get_username()} has none of the console roles (viewer, operator or reviewer); "
+                   "ask an administrator for one")
+            if request.method not in SAFE_METHODS:
+                refuse_access(request.user, method=request.method, path=request.path, why=why,
+                              job_id=kwargs.get("job_id"), request_id=getattr(request, "request_id", None))
+            raise PermissionDenied(why)
         return view(request, *args, **kwargs)
     return login_required(guarded)
 

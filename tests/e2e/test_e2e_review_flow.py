@@ -82,11 +82,12 @@ def test_the_proposer_cannot_approve_on_the_page_or_through_the_api(operator_pag
     assert page.is_visible("[data-testid=cancel-button]")  # the proposer may cancel their own job
 
     csrf = next(cookie["value"] for cookie in page.context.cookies() if cookie["name"] == "csrftoken")
-    by_session = page.request.post(f"{stack.url}/api/v1/jobs/{job_id}/approve/",
+    seen = {"plan_hash": stack.api("operator").get(f"jobs/{job_id}/").json()["plan_hash"]}
+    by_session = page.request.post(f"{stack.url}/api/v1/jobs/{job_id}/approve/", data=seen,
                                    headers={"X-CSRFToken": csrf, "Referer": f"{stack.url}/jobs/{job_id}/"})
     assert by_session.status == 403, by_session.text()
     assert "csrf" not in by_session.text().lower(), "refused for CSRF, not for being the proposer"
-    by_token = stack.api("operator").post(f"jobs/{job_id}/approve/")
+    by_token = stack.api("operator").post(f"jobs/{job_id}/approve/", json=seen)
     assert by_token.status_code == 403, by_token.text
     assert stack.api("operator").get(f"jobs/{job_id}/").json()["status"] == "proposed"
 

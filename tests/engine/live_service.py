@@ -1,7 +1,13 @@
-"""Starting the real engine service (`python -m engine serve`) for integration tests, and talking to it."""
+"""Starting the real engine service (`python -m engine serve`) for integration tests, and talking to it.
+
+The engine reads its credentials from the environment it inherits (tests/conftest.py sets the control token and
+approval key; `extra_env` may add or blank any). `client` sends the control token, `complete` the API key when one
+is set, and `apply` signs an attestation with the approval key, as a console would; `anonymous` sends nothing.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import subprocess
@@ -12,6 +18,11 @@ from pathlib import Path
 
 import httpx
 
+from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
+
+# Far above the ids of the console's jobs, so a test's direct apply never collides with a job a console runs on the
+# same engine (the engine refuses a job id twice).
+_JOB_IDS = itertools.count(10**9)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,6 +39,8 @@ class LiveService:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **(extra_env or {})}
         env.pop("REDIS_URL", None)
+        self.control_token, self.approval_key, self.api_key = (env.get(name) or None for name in (
+            CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV, API_KEY_ENV))
         command = [sys.executable, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", rig,
                    "--port", str(self.port)]
         if ladder:
@@ -38,7 +51,9 @@ class LiveService:
                                         text=True)
         self.output: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
-        self.client = httpx.Client(base_url=self.url, timeout=120)
+        control = bearer_token(self.control_token) if self.control_token else {}
+        self.client = httpx.Client(base_url=self.url, timeout=120, headers=control)
+        self.anonymous = httpx.Client(base_url=self.url, timeout=120)
         self._wait_ready()
 
     def _drain(self) -> None:
@@ -60,7 +75,7 @@ class LiveService:
 
     def complete(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
         reply = self.client.post("/v1/completions", json={"prompt": prompt_ids, "max_tokens": max_tokens,
-                                                            "temperature": 0})
+                                                            "temperature": 0}, headers=self.api_headers())
         assert reply.status_code == 200, reply.text
         return reply.json()["choices"][0]["token_ids"]
 
@@ -73,8 +88,19 @@ class LiveService:
         assert reply.status_code == 200, reply.text
         return reply.json()
 
-    def apply(self, planned: dict) -> httpx.Response:
-        return self.client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": planned["plan_hash"]})
+    def api_headers(self) -> dict[str, str]:
+        return bearer_token(self.api_key) if self.api_key else {}
+
+    def attest(self, plan_hash: str, job_id: int | None = None) -> dict:
+        """An attestation as the console signs it, with the approval key this engine was given and a fresh job id."""
+        return sign_attestation(self.approval_key or "", plan_hash, next(_JOB_IDS) if job_id is None else job_id,
+                                ["live-service-reviewer"], time.time())
+
+    def apply(self, planned: dict, attestation: dict | None = None) -> httpx.Response:
+        """POST /control/apply with `attestation`, by default a fresh valid one for the plan."""
+        attestation = attestation or self.attest(planned["plan_hash"])
+        return self.client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": planned["plan_hash"],
+                                                         "attestation": attestation})
 
     def wait_operation(self, operation_id: str, timeout: float = 120) -> dict:
         deadline = time.monotonic() + timeout
@@ -87,6 +113,7 @@ class LiveService:
 
     def stop(self) -> int:
         self.client.close()
+        self.anonymous.close()
         self.process.terminate()
         try:
             return self.process.wait(timeout=30)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from engine.errors import EngineRequestError
-from engine.sampler import Sampler, SamplingParams
+from engine.sampler import SEED_MAX, Sampler, SamplingParams
 
 
 def test_greedy_takes_the_argmax():
@@ -12,7 +12,7 @@ def test_greedy_takes_the_argmax():
 
 def test_top_k_one_is_greedy_at_any_temperature():
     logits = torch.randn(4, 50)
-    params = [SamplingParams(temperature=5.0, top_k=1)] * 4
+    params = [SamplingParams(temperature=2.0, top_k=1)] * 4
     assert Sampler().sample(logits, params, [0, 1, 2, 3]) == logits.argmax(dim=-1).tolist()
 
 
@@ -46,7 +46,44 @@ def test_a_seed_gives_a_sequence_of_draws_not_one_draw_repeated():
 @pytest.mark.parametrize("fields, message", [
     ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
     ({"top_k": -2}, "top_k"), ({"seed": "x"}, "seed"), ({"max_tokens": True}, "max_tokens"),
+    ({"seed": SEED_MAX + 1}, "seed must be an integer from 0 to 18446744073709551615"), ({"seed": -1}, "seed"),
+    ({"temperature": 1e-45}, "temperature must be 0 .greedy. or between 1e-05 and 2"),
+    ({"temperature": 2.5}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": True}, "temperature"),
 ])
 def test_bad_sampling_parameters_are_refused(fields, message):
     with pytest.raises(EngineRequestError, match=message):
         SamplingParams(**fields)
+
+
+@pytest.mark.parametrize("seed", [0, 2**63, SEED_MAX])
+def test_every_accepted_seed_seeds_a_generator(seed):
+    drawn = Sampler().sample(torch.zeros(1, 8), [SamplingParams(temperature=1.0, seed=seed)], [0])
+    assert 0 <= drawn[0] < 8
+
+
+@pytest.mark.parametrize("temperature", [1e-5, 2.0])
+def test_the_temperature_bounds_sample(temperature):
+    logits = torch.randn(1, 50) * 30
+    assert Sampler().sample(logits, [SamplingParams(temperature=temperature, seed=1)], [0])[0] in range(50)
+
+
+def _unchecked(**fields) -> SamplingParams:
+    """SamplingParams past their validation: what a request could hold before seed and temperature were bounded."""
+    params = SamplingParams()
+    for name, value in fields.items():
+        object.__setattr__(params, name, value)
+    return params
+
+
+@pytest.mark.parametrize("hostile", [{"temperature": 1.0, "seed": 2**64}, {"temperature": 1e-45}])
+def test_a_row_whose_sampling_raises_fails_alone(hostile):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 64)
+    good = SamplingParams(temperature=1.0, seed=11)
+    alone = Sampler().sample(logits[2:], [good], [2])
+    drawn = Sampler().sample_rows(logits, [SamplingParams(), _unchecked(**hostile), good], [0, 1, 2])
+    assert drawn[0] == int(logits[0].argmax()) and drawn[2] == alone[0]  # the neighbours drew as without it
+    assert isinstance(drawn[1], Exception)
+    with pytest.raises(type(drawn[1])):
+        Sampler().sample(logits, [SamplingParams(), _unchecked(**hostile), good], [0, 1, 2])

@@ -3,11 +3,15 @@
 The real driver's behaviour is tested elsewhere; here `FakeDriver` answers deterministically (each output
 token is the prompt's token shifted by one, cycling, until max_tokens) over a byte-level vocabulary, so text
 and token ids are easy to predict and a multi-byte character can be split across tokens.
+
+The app holds a control token and approval key, and `client` sends the token; the refusals without them are
+tested against the real service in tests/security.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import sys
@@ -18,12 +22,17 @@ import types
 import pytest
 from starlette.testclient import TestClient
 
+from engine.access import Credentials
 from engine.driver_api import ApplyRefused, RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.openai_api import IncrementalText
 from engine.sampler import SamplingParams
 from engine.service import build_app
+from solvers.attestation import bearer_token, sign_attestation
 from solvers.errors import SolverError
+
+CREDENTIALS = Credentials(control_token="test-control-token", approval_key="test-approval-key")
+JOB_IDS = itertools.count(1)
 
 
 def _hash(plan: dict) -> str:
@@ -79,7 +88,7 @@ class FakeDriver:
         return {"plan": plan, "plan_hash": _hash(plan), "feasible": body.get("target") != {"cut": [4, 0]},
                 "reasons": []}
 
-    def apply(self, plan: dict, plan_hash: str) -> str:
+    def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:
         if plan_hash != _hash(plan):
             raise ApplyRefused(400, "plan_hash does not match the plan")
         if plan.get("incumbent_fingerprint") != "fp-1":
@@ -88,8 +97,12 @@ class FakeDriver:
             raise ApplyRefused(422, "infeasible: rank 1 holds no layers")
         operation_id = f"op-{len(self.operations_by_id) + 1}"
         self.operations_by_id[operation_id] = {"status": "running", "phase": "pausing", "progress": 0.1,
-                                               "predicted": plan["predicted"], "measured": None, "error": None}
+                                               "predicted": plan["predicted"], "measured": None, "error": None,
+                                               "plan_hash": plan_hash, "job_id": job_id}
         return operation_id
+
+    def find_operations(self, plan_hash: str) -> list[dict]:
+        return [op for op in self.operations_by_id.values() if op["plan_hash"] == plan_hash.lower()]
 
     def operation(self, operation_id: str) -> dict | None:
         return self.operations_by_id.get(operation_id)
@@ -109,9 +122,17 @@ def driver() -> FakeDriver:
     return FakeDriver()
 
 
+def _client(driver: FakeDriver) -> TestClient:
+    return TestClient(build_app(driver, CREDENTIALS), headers=bearer_token(CREDENTIALS.control_token))
+
+
 @pytest.fixture
 def client(driver: FakeDriver) -> TestClient:
-    return TestClient(build_app(driver))
+    return _client(driver)
+
+
+def attested(plan_hash: str) -> dict:
+    return sign_attestation(CREDENTIALS.approval_key, plan_hash, next(JOB_IDS), ["reviewer"], time.time())
 
 
 def post(client: TestClient, url: str, body, expect: int = 200) -> dict:
@@ -218,7 +239,7 @@ def test_a_streamed_chat_sends_the_role_then_content_deltas(client):
 
 
 def test_text_without_a_tokenizer_is_refused_with_400():
-    client = TestClient(build_app(FakeDriver(tokenizer=False)))
+    client = _client(FakeDriver(tokenizer=False))
     out = post(client, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, expect=400)
     assert "tokenizer" in out["error"]["message"] and out["error"]["param"] == "messages"
     assert post(client, "/v1/completions", {"prompt": "hi"}, expect=400)["error"]["param"] == "prompt"
@@ -292,20 +313,23 @@ class RefusingDriver(FakeDriver):
 
 
 def test_a_refusal_after_admission_is_400_or_an_error_event():
-    client = TestClient(build_app(RefusingDriver()))
+    client = _client(RefusingDriver())
     assert "no longer fit" in post(client, "/v1/completions", {"prompt": "a"}, expect=400)["error"]["message"]
     chunks = events(client, "/v1/completions", {"prompt": "a"})
     assert "no longer fit" in chunks[-1]["error"]["message"]
 
 
-def test_control_state_plan_apply_and_operation(client):
+def test_control_state_plan_apply_and_operation(client, driver):
     assert client.get("/control/state").json()["fingerprint"] == "fp-1"
     planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
     assert planned["feasible"] and planned["plan"]["predicted"] == {"pool_tokens": 1024}
-    response = client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": planned["plan_hash"]})
+    attestation = attested(planned["plan_hash"])
+    response = client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": planned["plan_hash"],
+                                                   "attestation": attestation})
     assert response.status_code == 202 and response.json() == {"operation_id": "op-1"}
     assert response.headers["location"] == "/control/operations/op-1"
     assert client.get("/control/operations/op-1").json()["status"] == "running"
+    assert driver.operations_by_id["op-1"]["job_id"] == attestation["job_id"]  # the attested job, not the body's
 
 
 def test_a_malformed_plan_is_400(client):
@@ -327,8 +351,27 @@ def test_apply_without_its_fields_is_400_naming_the_field(client, body, word):
 def test_a_refused_apply_answers_the_drivers_status(client, target, fingerprint, tamper, status):
     planned = post(client, "/control/plan", {"kind": "cut", "target": target, "incumbent_fingerprint": fingerprint})
     plan_hash = "0" * 64 if tamper else planned["plan_hash"]
-    out = post(client, "/control/apply", {"plan": planned["plan"], "plan_hash": plan_hash}, expect=status)
+    body = {"plan": planned["plan"], "plan_hash": plan_hash, "attestation": attested(plan_hash)}
+    out = post(client, "/control/apply", body, expect=status)
     assert isinstance(out["error"], str) and out["error"]
+
+
+def test_apply_on_an_engine_without_an_approval_key_is_403(driver):
+    client = TestClient(build_app(driver, Credentials(control_token="t")), headers=bearer_token("t"))
+    planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
+    body = {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": attested(planned["plan_hash"])}
+    assert "SEAM_APPROVAL_KEY" in post(client, "/control/apply", body, expect=403)["error"]
+    assert driver.operations_by_id == {}
+
+
+def test_a_job_whose_apply_the_driver_refused_may_apply_again(client):
+    planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
+    job_id = next(JOB_IDS)
+    tampered = sign_attestation(CREDENTIALS.approval_key, "0" * 64, job_id, ["reviewer"], time.time())
+    post(client, "/control/apply", {"plan": planned["plan"], "plan_hash": "0" * 64, "attestation": tampered}, 400)
+    valid = sign_attestation(CREDENTIALS.approval_key, planned["plan_hash"], job_id, ["reviewer"], time.time())
+    post(client, "/control/apply", {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": valid},
+         202)  # nothing started the first time, so the job id is still unspent
 
 
 def test_an_unknown_operation_is_404(client):
@@ -351,6 +394,14 @@ def test_healthz(client):
     assert client.get("/healthz").json() == {"ok": True}
 
 
+@pytest.mark.parametrize(("report", "status"), [({"ok": True, "reason": None}, 200),
+                                                ({"ok": False, "reason": "recovering in a loop"}, 503)])
+def test_healthz_answers_the_drivers_health(driver, report, status):
+    driver.health = lambda: report
+    response = TestClient(build_app(driver, Credentials())).get("/healthz")  # open: no credentials needed
+    assert response.status_code == status and response.json() == report
+
+
 def test_unknown_routes_are_404_and_wrong_methods_405_in_each_shape(client):
     assert client.get("/v1/engines").json()["error"]["type"] == "not_found_error"
     assert client.get("/nowhere").status_code == 404 and isinstance(client.get("/nowhere").json()["error"], str)
@@ -369,7 +420,7 @@ class BrokenDriver(FakeDriver):
 
 
 def test_an_unexpected_driver_exception_is_a_clean_500(caplog):
-    client = TestClient(build_app(BrokenDriver()))
+    client = _client(BrokenDriver())
     with caplog.at_level(logging.ERROR, logger="engine.service"):
         for response in (client.get("/control/state"), client.post("/v1/completions", json={"prompt": "a"})):
             assert response.status_code == 500 and response.headers["content-type"] == "application/json"

@@ -334,3 +334,11 @@ def test_prometheus_text_refuses_a_malformed_snapshot():
     del snapshot["engine"]["phase"]
     with pytest.raises(ValueError, match="snapshot.engine.phase: missing"):
         prometheus_text(snapshot, [])
+
+
+def test_prometheus_text_reports_a_recovery_loop_as_unhealthy():
+    snapshot = make_snapshot(3)
+    snapshot["engine"].update(healthy=False, recoveries_in_a_row=3, recoveries=5)
+    samples = parse_exposition(prometheus_text(snapshot, []))
+    assert samples[("seam_engine_healthy",)] == 0
+    assert samples[("seam_engine_recoveries_in_a_row",)] == 3 and samples[("seam_engine_recoveries",)] == 5

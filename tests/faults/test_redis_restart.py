@@ -53,7 +53,8 @@ def _propose(stack: Stack) -> int:
 
 
 def _approve(stack: Stack, job_id: int) -> None:
-    reply = stack.api("reviewer").post(f"jobs/{job_id}/approve/")
+    plan_hash = stack.api("reviewer").get(f"jobs/{job_id}/").json()["plan_hash"]
+    reply = stack.api("reviewer").post(f"jobs/{job_id}/approve/", json={"plan_hash": plan_hash})
     assert reply.status_code == 200, reply.text
 
 

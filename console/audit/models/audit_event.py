@@ -1,7 +1,9 @@
 """AuditEvent: one append-only, hash-chained row per recorded change.
 
 Rows are written only by `console.audit.services.record`. Updates and deletes are refused here (model
-and queryset) and, on PostgreSQL, by a trigger (migration 0002) that also catches raw SQL.
+and queryset) and, on PostgreSQL, by a trigger (migration 0002) that also catches raw SQL. Each row names
+the scheme its hash was made with (console.audit.chain): keyed for every new row, plain sha256 for rows
+recorded before the chain was keyed.
 """
 
 from __future__ import annotations
@@ -11,10 +13,18 @@ from django.db import models
 
 from console.audit.errors import AuditEventImmutable
 
-__all__ = ["GENESIS_HASH", "AuditEvent", "AuditEventQuerySet"]
+__all__ = ["GENESIS_HASH", "AuditEvent", "AuditEventQuerySet", "ChainScheme"]
 
 # prev_hash of the first event: there is nothing before it.
 GENESIS_HASH = "0" * 64
+
+
+class ChainScheme(models.TextChoices):
+    """How an event's hash was made. Verify refuses a legacy row after a keyed one: a downgrade, not history."""
+
+    SHA256 = "sha256", "sha256 (unkeyed: recorded before the chain was keyed)"
+    HMAC_SHA256 = "hmac-sha256", "HMAC-SHA256 under SEAM_AUDIT_KEY"
+
 
 _APPEND_ONLY = "the audit trail is append-only: {what} is refused; record a new event instead"
 
@@ -49,6 +59,8 @@ class AuditEvent(models.Model):
     request_id = models.CharField(max_length=64, blank=True, default="", db_index=True, editable=False)
     prev_hash = models.CharField(max_length=64, editable=False)
     hash = models.CharField(max_length=64, unique=True, editable=False)
+    scheme = models.CharField(max_length=16, choices=ChainScheme.choices, editable=False,
+                              help_text="How `hash` was made; not itself hashed (a downgrade is caught by verify).")
 
     objects = AuditEventQuerySet.as_manager()
 

@@ -2,5 +2,6 @@
 
 from console.jobs.models.approval import Approval
 from console.jobs.models.job import Job
+from console.jobs.models.layout_observation import LayoutCause, LayoutObservation
 
-__all__ = ["Approval", "Job"]
+__all__ = ["Approval", "Job", "LayoutCause", "LayoutObservation"]

@@ -1,4 +1,4 @@
-"""Audit `/audit/`: the trail newest first, filtered and paginated; chain verification; JSON-lines export."""
+"""Audit `/audit/`: the trail newest first, filtered and paginated; chain and anchor verification; JSON-lines export."""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""Dashboard `/`: the engine's latest telemetry snapshot, updated live over /ws/live/ (static/js/dashboard.js)."""
+"""Dashboard `/`: the engine's latest telemetry snapshot, updated live over /ws/live/ (static/js/dashboard.js), and
+a warning when the engine's layout changed with no job of the console causing it (console.jobs.layout_watch)."""
 
 from __future__ import annotations
 
 from django.shortcuts import render
 
+from console.jobs.layout_watch import UNEXPLAINED_CHANGE, recent_unexplained_change
 from console.ui.access import console_page
 from console.ui.telemetry import read_telemetry, summary
 
@@ -15,4 +17,5 @@ def dashboard(request):
     return render(request, "ui/dashboard.html", {
         "snapshot": latest, "seq": latest["seq"] if latest else None, "history": telemetry.history,
         "summary": summary(latest) if latest else None, "telemetry_error": telemetry.error,
+        "unexplained_change": recent_unexplained_change(), "unexplained_action": UNEXPLAINED_CHANGE,
     })

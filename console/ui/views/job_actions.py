@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from console.jobs import services
 from console.jobs.errors import JobError, JobNotFound, NotAllowed
+from console.jobs.refusals import refuse_verb
 from console.ui.access import console_page
 
 
@@ -35,8 +36,11 @@ def _act(request, job_id: int, doing, done: str):
 def approve(request, job_id: int):
     plan_hash = request.POST.get("plan_hash", "").strip()
     if not plan_hash:
-        messages.error(request, "approve: the form carried no plan_hash; reload the job page and approve the plan "
-                                "it shows")
+        why = "approve: the form carried no plan_hash; reload the job page and approve the plan it shows"
+        # Refused before the service sees it, so recorded here, as the API records the same refusal.
+        refuse_verb("approve", request.user, job_id, why, "ValidationError",
+                    request_id=getattr(request, "request_id", None))
+        messages.error(request, why)
         return redirect("job", job_id=job_id)
     return _act(request, job_id, lambda: services.approve(request.user, job_id, plan_hash=plan_hash),
                 "You approved plan {job.plan_hash:.16}: job {job.pk} is {job.status}.")

@@ -6,7 +6,6 @@ form's "Show prediction" asks again; "Propose" calls services.propose and opens 
 
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect, render
 
 from console.jobs import planning, services
@@ -22,8 +21,10 @@ def job_new(request):
     may_propose = has_role(request.user, OPERATOR)
     if request.method == "POST":
         if not may_propose:
-            raise PermissionDenied(f"proposing a job needs the operator role, which {request.user.get_username()} "
-                                   "does not have")
+            refusal = NotAllowed(f"proposing a job needs the operator role, which {request.user.get_username()} "
+                                 "does not have")
+            _refused(request, refusal)  # as the API's services.propose records a viewer's proposal
+            raise refusal
         form = ProposeForm(request.POST)
         if request.POST.get("action") == "propose" and form.is_valid():
             try:
@@ -39,17 +40,16 @@ def job_new(request):
         return _page(request, form, may_propose)
     if not form.is_valid():
         if request.method == "POST" and request.POST.get("action") == "propose":
-            _refused(request, form)
+            reasons = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
+            _refused(request, InvalidProposal(reasons))
         return _page(request, form, may_propose, status=400)
     return _page(request, form, may_propose, **_prediction(form))
 
 
-def _refused(request, form: ProposeForm) -> None:
-    """A proposal the form refuses before the services see it is audited like one the API refuses."""
+def _refused(request, refusal: JobError) -> None:
+    """A proposal the page refuses before the services see it is audited like one the API refuses."""
     fields = {name: value for name, value in request.POST.items() if name != "csrfmiddlewaretoken"}
-    reasons = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
-    refuse_proposal(request.user, body_digest(fields), InvalidProposal(reasons),
-                    request_id=getattr(request, "request_id", None))
+    refuse_proposal(request.user, body_digest(fields), refusal, request_id=getattr(request, "request_id", None))
 
 
 def _prediction(form: ProposeForm) -> dict:

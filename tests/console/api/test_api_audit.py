@@ -8,10 +8,11 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def events(operator, reviewer):
-    record(actor=operator, action="job.proposed", subject="job:1", payload={"n": 1})
-    record(actor=reviewer, action="job.approval", subject="job:1", payload={"n": 2})
-    record(actor=operator, action="job.proposed", subject="job:2", payload={"n": 3})
+def events(operator, reviewer, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):  # committed, so anchored
+        record(actor=operator, action="job.proposed", subject="job:1", payload={"n": 1})
+        record(actor=reviewer, action="job.approval", subject="job:1", payload={"n": 2})
+        record(actor=operator, action="job.proposed", subject="job:2", payload={"n": 3})
 
 
 def test_list_newest_first(events, get, operator):
@@ -29,7 +30,8 @@ def test_list_filters(events, get, operator, params, seqs):
 
 def test_verify(events, get, operator):
     assert get("/api/v1/audit/verify/", user=operator) == {"ok": True, "checked": 3, "first_broken": None,
-                                                          "reason": None}
+                                                          "reason": None, "anchor": "anchored", "anchored_seq": 3,
+                                                          "anchor_note": None, "legacy_events": 0}
 
 
 def test_export_is_ndjson_in_seq_order(events, get, operator):

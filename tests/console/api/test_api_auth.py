@@ -1,12 +1,22 @@
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from rest_framework.test import APIClient
 
 pytestmark = pytest.mark.django_db
 
 PROTECTED_GETS = ["/api/v1/jobs/", "/api/v1/jobs/1/", "/api/v1/audit/", "/api/v1/audit/verify/",
                   "/api/v1/audit/export/", "/api/v1/frontier/", "/api/v1/telemetry/latest/"]
-PROTECTED_POSTS = ["/api/v1/jobs/", "/api/v1/jobs/1/approve/", "/api/v1/jobs/1/reject/", "/api/v1/jobs/1/cancel/"]
+PROTECTED_POSTS = ["/api/v1/jobs/", "/api/v1/jobs/1/approve/", "/api/v1/jobs/1/reject/", "/api/v1/jobs/1/cancel/",
+                   "/api/v1/auth/token/revoke/"]
+
+
+@pytest.fixture(autouse=True)
+def no_throttle_history():
+    """The token endpoint's rate limit counts in the default cache, which outlives a test: start each one empty."""
+    cache.clear()
+    yield
+    cache.clear()
 
 
 def test_token_for_username_and_password(client):
@@ -15,6 +25,7 @@ def test_token_for_username_and_password(client):
     assert response.status_code == 200
     token = response.json()["token"]
     assert user.auth_token.key == token
+    assert response.json()["expires_at"]  # tests/security/test_tokens.py checks its value
 
 
 def test_token_refused_for_a_wrong_password(client):
@@ -38,6 +49,16 @@ def test_anonymous_reads_are_refused(url):
     response = APIClient().get(url)
     assert response.status_code in (401, 403)
     assert response.json()["detail"]
+
+
+def test_an_anonymous_request_is_told_to_send_a_token():
+    response = APIClient().get("/api/v1/jobs/")
+    assert response.status_code == 401 and response["WWW-Authenticate"] == "Token"
+
+
+def test_an_unknown_token_is_refused():
+    response = APIClient().get("/api/v1/jobs/", HTTP_AUTHORIZATION="Token " + "0" * 40)
+    assert response.status_code == 401 and "token" in response.json()["detail"].lower()
 
 
 @pytest.mark.parametrize("url", PROTECTED_POSTS)

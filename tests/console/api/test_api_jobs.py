@@ -40,7 +40,7 @@ def test_list_and_detail(proposed, viewer, get):
 
 def test_unknown_job_is_404_with_a_message(viewer, get, post, reviewer):
     assert "no job 999" in get(f"{JOBS}999/", user=viewer, expect=404)["detail"]
-    assert "no job 999" in post(f"{JOBS}999/approve/", {}, user=reviewer, expect=404)["detail"]
+    assert "no job 999" in post(f"{JOBS}999/approve/", {"plan_hash": "0" * 64}, user=reviewer, expect=404)["detail"]
 
 
 @pytest.mark.parametrize("body, field", [
@@ -74,14 +74,16 @@ def test_a_body_that_is_not_json_is_400(live_engine, operator):
 def test_self_approval_is_refused(make_user, proposed, post):
     both = make_user("operator", "reviewer", name="sam")
     job = proposed(user=both)
-    answer = post(f"{JOBS}{job['id']}/approve/", {}, user=both, expect=403)
+    answer = post(f"{JOBS}{job['id']}/approve/", {"plan_hash": job["plan_hash"]}, user=both, expect=403)
     assert "cannot approve" in answer["detail"]
     assert Job.objects.get(pk=job["id"]).status == "proposed"
 
 
 def test_operator_cannot_approve(proposed, make_user, post):
     job = proposed()
-    assert "reviewer" in post(f"{JOBS}{job['id']}/approve/", {}, user=make_user("operator"), expect=403)["detail"]
+    answer = post(f"{JOBS}{job['id']}/approve/", {"plan_hash": job["plan_hash"]}, user=make_user("operator"),
+                  expect=403)
+    assert "reviewer" in answer["detail"]
 
 
 def test_reviewer_approves_and_the_job_is_queued(proposed, reviewer, post, handoffs,
@@ -105,11 +107,40 @@ def test_approve_with_a_plan_hash_of_the_wrong_type_is_400(proposed, reviewer, p
     assert answer["field"] == "plan_hash" and answer["detail"].startswith("plan_hash: ")
 
 
+@pytest.mark.parametrize("body", [{}, {"plan_hash": ""}, {"plan_hash": None}])
+def test_approve_without_the_plan_hash_is_400_naming_it_and_audited(proposed, reviewer, post, handoffs, body):
+    job = proposed()
+    answer = post(f"{JOBS}{job['id']}/approve/", body, user=reviewer, expect=400)
+    assert answer["field"] == "plan_hash" and answer["detail"].startswith("plan_hash: ")
+    assert Job.objects.get(pk=job["id"]).status == "proposed" and handoffs == []
+    refused = AuditEvent.objects.get(action="job.approve_refused", subject=f"job:{job['id']}")
+    assert refused.actor == reviewer and "plan_hash" in refused.payload["reason"]
+
+
+def test_list_filters_by_status(proposed, reviewer, viewer, post, get):
+    kept, rejected = proposed(), proposed()
+    post(f"{JOBS}{rejected['id']}/reject/", {}, user=reviewer)
+    assert [row["id"] for row in get(JOBS, {"status": "proposed"}, user=viewer)["results"]] == [kept["id"]]
+    assert [row["id"] for row in get(JOBS, {"status": "rejected"}, user=viewer)["results"]] == [rejected["id"]]
+    assert get(JOBS, {"status": "queued"}, user=viewer)["results"] == []
+    both = get(JOBS, {"status": "rejected, proposed"}, user=viewer)
+    assert sorted(row["id"] for row in both["results"]) == sorted([kept["id"], rejected["id"]]) and both["count"] == 2
+    assert get(JOBS, {"status": ""}, user=viewer)["count"] == 2  # an empty filter is no filter, as on the page
+
+
+@pytest.mark.parametrize("value", ["done", "PROPOSED", "proposed,nope", "active"])
+def test_list_with_an_unknown_status_is_400_naming_the_allowed_values(viewer, get, value):
+    answer = get(JOBS, {"status": value}, user=viewer, expect=400)
+    assert answer["field"] == "status"
+    assert all(status in answer["detail"] for status in ("proposed", "rolled_back", "cancelled"))
+
+
 def test_reviewer_rejects(proposed, reviewer, post):
     job = proposed()
     answer = post(f"{JOBS}{job['id']}/reject/", {"reason": "not today"}, user=reviewer)
     assert answer["status"] == "rejected" and "not today" in answer["error"]
-    assert "rejected" in post(f"{JOBS}{job['id']}/approve/", {}, user=reviewer, expect=409)["detail"]
+    approve = {"plan_hash": job["plan_hash"]}
+    assert "rejected" in post(f"{JOBS}{job['id']}/approve/", approve, user=reviewer, expect=409)["detail"]
 
 
 def test_proposer_cancels_and_others_cannot(proposed, operator, make_user, post):

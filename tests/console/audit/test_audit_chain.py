@@ -24,7 +24,8 @@ def test_chain_links_each_event_to_the_one_before(make_events):
         assert event.hash == compute_hash(event.prev_hash, event_content(event))
     result = verify_chain()
     assert (result.ok, result.checked, result.first_broken, result.reason) == (True, 5, None, None)
-    assert str(result) == "ok: 5 events"
+    assert (result.anchored_seq, result.legacy_events) == (5, 0)
+    assert str(result) == "ok: 5 events; anchored at event #5"
 
 
 def test_empty_trail_verifies():

@@ -1,4 +1,4 @@
-"""verify_audit (exit 0 / 1 naming the first broken link), export_audit and export_jsonl."""
+"""verify_audit (exit 0 / 1 naming the first broken link / 2 when not anchored), export_audit and export_jsonl."""
 
 from __future__ import annotations
 
@@ -38,7 +38,20 @@ def _exit_code(capsys) -> tuple[int, str, str]:
 
 def test_verify_audit_exits_0_when_intact(make_events, capsys):
     make_events(3)
-    assert _exit_code(capsys) == (0, "ok: 3 events\n", "")
+    assert _exit_code(capsys) == (0, "ok: 3 events; anchored at event #3\n", "")
+
+
+def test_verify_audit_exits_2_when_the_chain_holds_but_is_not_anchored(make_events, anchor_file, capsys):
+    make_events(3)
+    anchor_file.unlink()
+    code, out, err = _exit_code(capsys)
+    assert (code, out) == (2, "")
+    assert "ok: 3 events; NOT anchored (missing): there is no anchor file" in err
+
+
+def test_verify_audit_exits_0_on_an_empty_trail_with_nothing_to_anchor(capsys):
+    code, out, _ = _exit_code(capsys)
+    assert code == 0 and out.startswith("ok: 0 events; NOT anchored (missing)")
 
 
 def test_verify_audit_exits_1_naming_the_first_broken_link(make_events, capsys):
@@ -63,7 +76,8 @@ def test_export_lines_parse_and_match_the_events(make_events, django_user_model)
         assert line["id"] == event.pk and line["actor_id"] == event.actor_id
         assert line["hash"] == event.hash and line["prev_hash"] == prev_hash
         assert line["payload"] == event.payload and line["actor_name"] == event.actor_name
-        assert compute_hash(line["prev_hash"], event_content(line)) == line["hash"]  # verifiable offline
+        assert line["scheme"] == "hmac-sha256"
+        assert compute_hash(line["prev_hash"], event_content(line)) == line["hash"]  # verifiable offline, with the key
         prev_hash = line["hash"]
     assert [json.loads(line)["seq"] for line in export_jsonl(AuditEvent.objects.filter(actor=judy))] == [1, 2]
 

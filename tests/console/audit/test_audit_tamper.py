@@ -64,13 +64,18 @@ def test_a_changed_timestamp_breaks_its_own_link(make_events):
     assert (result.ok, result.first_broken) == (False, 3)
 
 
-def test_a_rewritten_event_with_a_recomputed_hash_breaks_the_next_link(make_events):
+def test_a_rewritten_event_with_a_recomputed_hash_breaks_the_next_link(make_events, anchor_file):
+    """Re-hashed under the key itself: the anchor still names the old hash, and so does the next link."""
     make_events(5)
     event = AuditEvent.objects.get(seq=3)
     forged = event_content(event) | {"payload": {"n": 99}}
     with tamperable():
         _raw("UPDATE audit_auditevent SET payload = '{\"n\": 99}', hash = %s WHERE seq = 3",
              [compute_hash(event.prev_hash, forged)])
+    result = verify_chain()
+    assert (result.ok, result.checked, result.first_broken) == (False, 2, 3)
+    assert "hash differs from the one anchored for event #3" in result.reason
+    anchor_file.unlink()
     result = verify_chain()
     assert (result.ok, result.checked, result.first_broken) == (False, 3, 4)
     assert "prev_hash is not the hash of event #3" in result.reason

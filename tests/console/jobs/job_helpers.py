@@ -14,7 +14,9 @@ from channels.layers import channel_layers
 from django.db import connection, connections
 
 from console.audit.models import AuditEvent
+from console.jobs.attestation import attest
 from console.jobs.choices import TERMINAL
+from console.jobs.engine_client import EngineClient
 from console.jobs.events import group_name
 from console.jobs.models import Job
 
@@ -31,8 +33,9 @@ def other_cut(engine) -> list[int]:
 
 
 def move_engine(engine) -> str:
-    """Change the engine's layout directly over HTTP (a shape change), as if someone else did; returns the new
-    fingerprint."""
+    """Change the engine's layout directly over HTTP (a shape change), as if someone else did — an operator
+    bypassing the console, or whoever holds its control token and approval key: LiveService.apply attests the plan
+    itself, for a job no console has. Returns the new fingerprint."""
     seqs = engine.state()["shape"]["max_num_seqs"]
     planned = engine.plan("shape", {"max_num_seqs": 6 if seqs != 6 else 7})
     assert planned["feasible"], planned["reasons"]
@@ -40,6 +43,13 @@ def move_engine(engine) -> str:
     assert reply.status_code == 202, reply.text
     assert engine.wait_operation(reply.json()["operation_id"])["status"] == "succeeded"
     return engine.state()["fingerprint"]
+
+
+def apply_as_the_worker(job: Job) -> str:
+    """Apply the job's plan as its worker does (attested for this job, by the console's code) and record nothing:
+    what a worker that died right after the engine accepted the plan leaves behind. Returns the operation id."""
+    with EngineClient() as engine:
+        return engine.apply(job.plan, job.plan_hash, attest(job))
 
 
 def wait_for_end(job_id: int, timeout: float = 60.0) -> Job:

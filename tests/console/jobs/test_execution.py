@@ -1,17 +1,19 @@
 """The worker's side, run in this process against the real engine: claiming, refusing, failing, reconciling."""
 
+import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from job_helpers import actions, at_once, move_engine
+from job_helpers import actions, apply_as_the_worker, at_once, move_engine
 from live_service import LiveService, free_port
 
 from console.audit.models import AuditEvent
 from console.jobs import services, worker
 from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict
-from console.jobs.models import Job
+from console.jobs.models import Approval, Job
+from solvers.attestation import verify_attestation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,6 +36,8 @@ def test_a_job_runs_to_success_with_the_predicted_pool(live_engine, queued_job):
     assert job.operation["id"] == job.engine_operation_id and job.progress == 1.0
     assert live_engine.state()["cut"] == job.target["cut"]
     assert actions(job)[-3:] == ["job.running", "job.applied", "job.succeeded"]
+    applied = AuditEvent.objects.get(subject=f"job:{job.pk}", action="job.applied")
+    assert applied.payload["approvers"] == ["rita"] and applied.payload["reconciled"] is False
 
 
 def test_two_workers_picking_the_same_job_only_one_claims_it(queued_job):
@@ -75,15 +79,51 @@ def test_a_plan_changed_after_review_is_not_applied(live_engine, queued_job):
 
 
 class RecordingClient(EngineClient):
-    """The real client, noting every control API call it makes."""
+    """The real client, noting every control API call it makes, and the bodies it sends."""
 
     def __init__(self):
         super().__init__()
         self.calls: list[str] = []
+        self.bodies: dict[str, dict] = {}
 
-    def _call(self, method, path, body=None):
+    def _call(self, method, path, body=None, params=None):
         self.calls.append(f"{method} {path}")
-        return super()._call(method, path, body)
+        if body is not None:
+            self.bodies[path] = body
+        return super()._call(method, path, body, params)
+
+
+def test_the_plan_is_applied_with_an_attestation_of_its_review(live_engine, queued_job, settings):
+    job = queued_job()
+    with RecordingClient() as client:
+        assert worker.execute(job.pk, client=client) == "succeeded"
+    sent = client.bodies["/control/apply"]
+    attested = verify_attestation(settings.SEAM_APPROVAL_KEY, sent["attestation"], job.plan_hash, time.time())
+    assert (attested.job_id, attested.approvers) == (job.pk, ("rita",))
+    assert time.time() - attested.issued_at < 60  # signed for this run, not earlier
+
+
+def test_without_the_approval_key_nothing_is_applied(live_engine, queued_job, settings):
+    job = queued_job()
+    before = live_engine.state()["fingerprint"]
+    settings.SEAM_APPROVAL_KEY = ""
+    with RecordingClient() as client:
+        assert worker.execute(job.pk, client=client) == "failed"
+    assert "POST /control/apply" not in client.calls
+    job.refresh_from_db()
+    assert "no approval key (SEAM_APPROVAL_KEY is not set)" in job.error and "nothing was applied" in job.error
+    assert job.engine_operation_id == "" and live_engine.state()["fingerprint"] == before
+
+
+def test_approvals_that_expired_before_the_job_ran_apply_nothing(live_engine, queued_job):
+    job = queued_job()
+    before = live_engine.state()["fingerprint"]
+    long_ago = timezone.now() - timedelta(days=2)
+    Approval.objects.filter(job=job).update(created=long_ago, expires_at=long_ago + timedelta(hours=1))
+    assert worker.execute(job.pk) == "failed"
+    job.refresh_from_db()
+    assert "no approval of plan" in job.error and "nothing was applied" in job.error
+    assert live_engine.state()["fingerprint"] == before
 
 
 def test_a_stale_plan_ends_stale_without_asking_the_engine_to_apply_it(live_engine, queued_job):
@@ -131,8 +171,7 @@ def _left_running(job, operation_id: str = "") -> Job:
 
 def test_the_reconciler_settles_a_job_from_the_engines_operation_record(live_engine, queued_job):
     job = queued_job()
-    with EngineClient() as engine:
-        operation_id = engine.apply(job.plan, job.plan_hash)  # the worker got this far, then died
+    operation_id = apply_as_the_worker(job)  # the worker got this far, then died
     _left_running(job, operation_id)
     live_engine.wait_operation(operation_id)
     assert worker.reconcile(older_than_s=3600) == []  # a heartbeat ten minutes old is not yet too old here

@@ -21,9 +21,11 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.test import Client
 
 from console.asgi import application
+from console.jobs.roles import VIEWER, ensure_roles
 from console.live.bridge import run_bridge, telemetry_keys
 
 TIMEOUT_S = 5
@@ -66,13 +68,19 @@ def publish(client: redis.Redis, channel: str, seq: int, **extra) -> dict:
 
 @pytest.fixture
 def make_user(db):
-    def make(username: str = "viewer"):
-        return get_user_model().objects.create_user(username=username, password=uuid.uuid4().hex)
+    """make_user(username, roles=("viewer",)): a user holding those console roles (none: `roles=()`)."""
+    def make(username: str = "viewer", roles: tuple[str, ...] = (VIEWER,)):
+        user = get_user_model().objects.create_user(username=username, password=uuid.uuid4().hex)
+        ensure_roles()  # a transactional test's flush removed the migration's groups
+        user.groups.add(*Group.objects.filter(name__in=roles))
+        return user
     return make
 
 
-def login_headers(user=None, origin: str = "http://127.0.0.1") -> list[tuple[bytes, bytes]]:
-    headers = [(b"origin", origin.encode())]
+def login_headers(user=None, origin: str = "http://127.0.0.1:8000",
+                  host: str = "127.0.0.1:8000") -> list[tuple[bytes, bytes]]:
+    """A browser's handshake headers: its page's Origin, the Host it connects to, and `user`'s session."""
+    headers = [(b"origin", origin.encode()), (b"host", host.encode())]
     if user is not None:
         client = Client()
         client.force_login(user)

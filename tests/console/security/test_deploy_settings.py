@@ -20,7 +20,7 @@ def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_check_deploy_is_clean_under_production_settings():
     done = manage("check", "--deploy", "--fail-level", "WARNING",
-                  SEAM_DEBUG="0", SEAM_SECRET_KEY=secrets.token_urlsafe(64))
+                  SEAM_DEBUG="0", SEAM_SECRET_KEY=secrets.token_urlsafe(64), SEAM_AUDIT_KEY=secrets.token_urlsafe(48))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues" in done.stdout
     assert "WARNING" not in done.stdout + done.stderr
@@ -29,7 +29,8 @@ def test_check_deploy_is_clean_under_production_settings():
 def test_check_deploy_would_notice_a_plain_http_setup():
     """The clean result above is the settings' doing: turning the redirect off is reported."""
     done = manage("check", "--deploy", "--fail-level", "WARNING",
-                  SEAM_DEBUG="0", SEAM_SECRET_KEY=secrets.token_urlsafe(64), SEAM_SSL_REDIRECT="0")
+                  SEAM_DEBUG="0", SEAM_SECRET_KEY=secrets.token_urlsafe(64), SEAM_AUDIT_KEY=secrets.token_urlsafe(48),
+                  SEAM_SSL_REDIRECT="0")
     assert done.returncode != 0 and "security.W008" in done.stdout + done.stderr
 
 
@@ -46,6 +47,6 @@ def test_production_cookies_and_transport_are_secure():
     probe = ("from django.conf import settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, "
              "s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS > 0, s.SECURE_PROXY_SSL_HEADER, s.DEBUG)")
     done = manage("shell", "-c", probe, SEAM_DEBUG="0", SEAM_SECRET_KEY=secrets.token_urlsafe(64),
-                  SEAM_BEHIND_PROXY="1")
+                  SEAM_AUDIT_KEY=secrets.token_urlsafe(48), SEAM_BEHIND_PROXY="1")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "True True True True ('HTTP_X_FORWARDED_PROTO', 'https') False"

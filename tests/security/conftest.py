@@ -1,0 +1,21 @@
+"""tests/security: the control plane as an attacker meets it (issue 13), one test file per concern.
+
+The console's fixtures are tests/console/security's (users by role, one-line API calls, the shared test engine,
+the live tests' websocket settings); they are loaded from there, not copied.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "seam_console_security_conftest", Path(__file__).resolve().parents[1] / "console" / "security" / "conftest.py")
+_console = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_console)
+
+live_settings = _console.live_settings
+demo_checkpoint, engine, live_engine = _console.demo_checkpoint, _console.engine, _console.live_engine
+make_user, operator, reviewer, viewer, handoffs = _console.make_user, _console.operator, _console.reviewer, \
+    _console.viewer, _console.handoffs
+post, get, proposed = _console.post, _console.get, _console.proposed
