@@ -123,8 +123,9 @@ def _demo_users() -> str:
     password = os.environ.get("SEAM_DEMO_PASSWORD") or secrets.token_urlsafe(9)
     for username, role in DEMO_USERS.items():
         user, _ = User.objects.get_or_create(username=username)
-        user.set_password(password)
-        user.save()
+        if not user.check_password(password):  # a new hash of the same password would revoke the user's API token
+            user.set_password(password)
+            user.save()
         user.groups.set([Group.objects.get(name=role)])
     return password
 

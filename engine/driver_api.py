@@ -35,7 +35,7 @@ class RequestHandle:
     tokens: queue.Queue = field(default_factory=queue.Queue)
     done: threading.Event = field(default_factory=threading.Event)
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length" | "refused" (with `error`)
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "refused" or "error" (with `error`)
     error: str | None = None
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -78,6 +78,11 @@ class Driver(Protocol):
 
     def operation(self, operation_id: str) -> dict[str, Any] | None:
         """GET /control/operations/{id}: {status, phase, progress, predicted, measured, error}; None if unknown."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """GET /healthz: {ok, phase, reason, recoveries_in_a_row, ...}; ok is False while broken or in a recovery loop
+        (optional: the service answers ok for a driver without it)."""
         ...
 
     def snapshot(self) -> dict[str, Any]:

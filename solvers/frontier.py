@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from math import comb
+from math import comb, isfinite
 
 from solvers.capacity import CutPricer
 from solvers.census import ModelCensus
@@ -143,8 +143,9 @@ def compute_frontier(model: ModelCensus, rig: Rig, *, shape: ServingShape | None
     if isinstance(refused_limit, bool) or not isinstance(refused_limit, int) or refused_limit < 0:
         raise SolverError(f"refused_limit must be a whole number >= 0 (got {refused_limit!r})")
     if min_pool_ratio is not None and (isinstance(min_pool_ratio, bool) or not isinstance(min_pool_ratio, int | float)
-                                       or min_pool_ratio < 0):
-        raise SolverError(f"min_pool_ratio must be a number >= 0, e.g. 0.9 (got {min_pool_ratio!r})")
+                                       or not isfinite(min_pool_ratio) or min_pool_ratio < 0):
+        # NaN compares false with everything, so it would silently keep every point.
+        raise SolverError(f"min_pool_ratio must be a finite number >= 0, e.g. 0.9 (got {min_pool_ratio!r})")
 
     incumbent, note = rig.incumbent_for(layers)
     notes = [note] if note else []
