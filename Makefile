@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 # Seam on one machine: Redis (REDIS_URL, else a private redis-server), the engine with the demo checkpoint
-# on the demo rig, the telemetry bridge, a Celery worker and the console; Ctrl-C stops all of it.
+# on the demo rig, the telemetry bridge, a Celery worker, Celery beat and the console; Ctrl-C stops all of it
+# (docs/architecture.md §2).
 run: $(STAMP)
 	$(PY) -m console.run
 

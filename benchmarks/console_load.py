@@ -58,7 +58,7 @@ def _percentiles(values: list[float]) -> dict:
 
 
 def synthetic_snapshots():
-    """An engine's snapshot_fn: 8 uneven ranks in the ARCHITECTURE.md format, seq advancing per call."""
+    """An engine's snapshot_fn: 8 uneven ranks in the format of docs/architecture.md §3.4, seq advancing per call."""
     seq = 0
 
     def snapshot() -> dict:

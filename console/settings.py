@@ -87,7 +87,7 @@ SEAM_RIG = os.environ.get("SEAM_RIG", "cpu-demo")
 SEAM_MODEL = os.environ.get("SEAM_MODEL", "demo-hybrid-16")
 TELEMETRY_CHANNEL = os.environ.get("SEAM_TELEMETRY_CHANNEL", "seam:telemetry")
 
-# Review gate (ARCHITECTURE.md): how many reviewer approvals a job needs, and how long one stays valid.
+# Review gate (docs/architecture.md §4): how many reviewer approvals a job needs, and how long one stays valid.
 SEAM_REQUIRED_APPROVALS = int(os.environ.get("SEAM_REQUIRED_APPROVALS", "1"))
 SEAM_APPROVAL_TTL_S = int(os.environ.get("SEAM_APPROVAL_TTL_S", "3600"))
 

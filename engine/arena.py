@@ -1,4 +1,4 @@
-"""A ladder rank's weights (DOMAIN 9): one fixed device buffer, refilled from the rung's host image in one copy.
+"""A ladder rank's weights (docs/domain.md §9): a fixed device buffer, refilled from the rung's host image in one copy.
 
 The rank's rung images are pinned in place once, when the ladder is armed (cudaHostRegister on the shared
 buffer), so a switch is one DMA copy; the arrival is checked on the device (engine.checksum) without copying it

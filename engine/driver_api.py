@@ -86,7 +86,7 @@ class Driver(Protocol):
         ...
 
     def snapshot(self) -> dict[str, Any]:
-        """The current telemetry snapshot (ARCHITECTURE.md schema), numbered by `seq`."""
+        """The current telemetry snapshot (the schema of docs/architecture.md §3.4), numbered by `seq`."""
         ...
 
     def shutdown(self) -> None:

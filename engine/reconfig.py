@@ -1,5 +1,5 @@
 """Live reconfiguration: plan -> validate -> pause at a step boundary -> drain -> act -> verify -> resume,
-or restore the previous layout, verify it, and report `rolled_back` with both figures (DOMAIN.md §10).
+or restore the previous layout, verify it, and report `rolled_back` with both figures (docs/domain.md §10).
 
 Operations run on the engine loop's thread between steps, one at a time. In-flight requests are
 preempted and requeued (recompute), never dropped; greedy outputs are the same as without the change.

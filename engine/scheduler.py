@@ -1,6 +1,6 @@
 """Continuous batching: one token budget a step, shared by decode tokens and chunked prefills.
 
-Rules (DOMAIN.md §11):
+Rules (docs/domain.md §11):
 - a request's whole lifetime (prompt + max new tokens) is checked when it is submitted; one that
   can never fit is refused with the arithmetic, never admitted and wedged;
 - admission reserves the KV blocks for every remaining chunk of the prompt, so a later admission

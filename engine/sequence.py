@@ -25,7 +25,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     state_slot: int | None = None
     finish_reason: str | None = None  # "stop" | "length"
-    # Progress is counted apart from attempts, so a retry loop is visible (DOMAIN.md §11).
+    # Progress is counted apart from attempts, so a retry loop is visible (docs/domain.md §11).
     committed_chunks: int = 0
     scheduled_attempts: int = 0
     preemptions: int = 0

@@ -144,7 +144,7 @@ class TelemetryPublisher:
             self._stop.wait(next_tick - now)
 
 
-# --- the snapshot schema (ARCHITECTURE.md) ------------------------------------------------------
+# --- the snapshot schema (docs/architecture.md §3.4) ---------------------------------------------
 
 _INT, _NUM, _BOOL, _STR = "int", "number", "bool", "str"
 RANK_SCHEMA: dict[str, Any] = {

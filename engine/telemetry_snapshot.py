@@ -1,5 +1,5 @@
-"""What the driver shows of itself: the telemetry snapshot in the ARCHITECTURE.md schema (per rank memory and
-pools, engine state and health) and GET /control/state."""
+"""What the driver shows of itself: the telemetry snapshot in the schema of docs/architecture.md §3.4 (per rank
+memory and pools, engine state and health) and GET /control/state."""
 
 from __future__ import annotations
 

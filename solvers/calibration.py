@@ -1,4 +1,4 @@
-"""Calibration coverage (DOMAIN.md §6): what the measured cuts identify, and what to measure next.
+"""Calibration coverage (docs/domain.md §6): what the measured cuts identify, and what to measure next.
 
 A rank's ms per layer and fixed ms are the slope and intercept of its stage time against its layer
 count. They are identified only when that count took at least two values across the samples: no

@@ -1,4 +1,4 @@
-"""The budget chain of a rank and the KV pool of a layout (DOMAIN.md §3, §4).
+"""The budget chain of a rank and the KV pool of a layout (docs/domain.md §3, §4).
 
 Pipeline (PP) layouts are layer-sharded: pool = min over ranks of allowed tokens (the min rule).
 Tensor-parallel (TP) layouts are width-sharded with a token-sharding vector: the sum rule.

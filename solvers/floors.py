@@ -1,4 +1,4 @@
-"""Corridor and arming floors (DOMAIN.md §5): what a rank must keep free, per rank and per layout."""
+"""Corridor and arming floors (docs/domain.md §5): what a rank must keep free, per rank and per layout."""
 
 from __future__ import annotations
 

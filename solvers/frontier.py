@@ -1,4 +1,4 @@
-"""The cut frontier (DOMAIN.md §7): the complete Pareto set over (pipelined time ↓, KV pool ↑).
+"""The cut frontier (docs/domain.md §7): the complete Pareto set over (pipelined time ↓, KV pool ↑).
 
 Every composition of the model's layers over the rig's ranks is a candidate cut. The pool is the PP
 min rule (capacity.CutPricer), the times come from the calibrated TimingModel, and refused cuts are

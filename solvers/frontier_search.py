@@ -1,4 +1,4 @@
-"""The exact search behind the frontier (DOMAIN.md §7): no enumeration of the C(L-1, n-1) cuts.
+"""The exact search behind the frontier (docs/domain.md §7): no enumeration of the C(L-1, n-1) cuts.
 
 For a time budget T, f(T) = max over cuts whose every stage fits T of min_i allowed_i: a max-min
 dynamic program over ranks, O(L^2) per rank in numpy. f is a monotone step function of T, T only

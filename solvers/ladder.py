@@ -1,4 +1,4 @@
-"""Arena and layout ladder (DOMAIN.md §9): rungs are cuts one engine switches between at run time.
+"""Arena and layout ladder (docs/domain.md §9): rungs are cuts one engine switches between at run time.
 
 Each rank's arena is sized for its deepest rung, so every rung holds the same resident bytes there
 and the arena costs pool on every rung; capacity does the budget chain with arena_bytes = the part

@@ -1,4 +1,4 @@
-"""The Plan contract (ARCHITECTURE.md): parse a request, price it, hash it, verify it.
+"""The Plan contract (docs/architecture.md §3.2): parse a request, price it, hash it, verify it.
 
 A plan is `{kind, target, incumbent_fingerprint, predicted}`; `plan_hash` is the sha256 of its
 canonical JSON, so an approval bound to a hash is bound to every byte of the plan. The engine service
@@ -204,7 +204,7 @@ def _predicted(pricing: PoolResult, shape: ServingShape) -> dict:
 
 def _band_check(model: ModelCensus, pricing: PoolResult, shape: ServingShape,
                 band: int | str | None) -> tuple[dict | None, str | None]:
-    """One full-length sequence must fit in the pool less the safety band (DOMAIN.md §8).
+    """One full-length sequence must fit in the pool less the safety band (docs/domain.md §8).
 
     One sequence, not max_num_seqs of them: the scheduler preempts when the pool runs dry, but a pool
     that cannot hold one max_model_len sequence beside the band can never serve what the shape promises.

@@ -1,4 +1,4 @@
-"""Rig profiles: the ranks of a serving rig and what was measured on them (ARCHITECTURE.md, contracts).
+"""Rig profiles: the ranks of a serving rig and what was measured on them (docs/architecture.md §3.1).
 
 One schema, read by `rig_from_dict` and written by `Rig.to_dict`, so a printed rig loads back as the
 same Rig; docs/planner.md documents every field.

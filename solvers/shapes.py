@@ -1,4 +1,4 @@
-"""Shape arithmetic (DOMAIN.md §8): what a KV pool holds, whether a contract fits, the largest context.
+"""Shape arithmetic (docs/domain.md §8): what a KV pool holds, whether a contract fits, the largest context.
 
 A contract of `seqs x max_model_len` needs `pool_bytes - safety_band >= seqs x max_model_len x
 bytes_per_token`. The safety band stays free after everything because a boot is not proof that the

@@ -1,4 +1,4 @@
-"""The KV pool of a tensor-parallel layout (DOMAIN.md §3): width-sharded, tokens sharded by a vector.
+"""The KV pool of a tensor-parallel layout (docs/domain.md §3): width-sharded, tokens sharded by a vector.
 
 Every rank holds 1/n of every layer (and of the embeddings and head), so the per-token cost is
 uniform; tokens are spread by a vector such as 2.4:1:1, and the pool is the sum of the ranks'

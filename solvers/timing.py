@@ -1,4 +1,4 @@
-"""The calibrated timing model (DOMAIN.md §6): ms per layer per rank, serial and pipelined time.
+"""The calibrated timing model (docs/domain.md §6): ms per layer per rank, serial and pipelined time.
 
 The fixed per-stage cost cannot be identified from one cut, so it defaults to 0: every speedup is
 then an upper bound (flag `optimistic`) until a fixed cost is measured.

@@ -1,4 +1,4 @@
-"""What an audit event's hash covers and how it is made (ARCHITECTURE.md, "Audit trail").
+"""What an audit event's hash covers and how it is made (docs/architecture.md §5).
 
 `hash = HMAC-SHA256(SEAM_AUDIT_KEY, prev_hash + canonical JSON of the event's content)`, with
 `solvers.plans.canonical_json` as the one canonical form. The key lives outside the database (settings,

@@ -4,7 +4,7 @@ plan so that the engine applies it.
 The engine applies a plan only with an attestation signed with the approval key, which only the console's processes
 hold: a caller who reaches the engine, even with its control token, cannot change the layout without a job that
 passed the review gate. The worker signs one right before it applies the job's plan, naming the reviewers whose
-approvals count for that plan at that moment (rules 1-3).
+approvals count for that plan at that moment (docs/architecture.md §4, rules 1-3).
 """
 
 from __future__ import annotations

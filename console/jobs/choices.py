@@ -1,4 +1,4 @@
-"""Job statuses and kinds, declared once, with the named groups and the transition table (ARCHITECTURE.md).
+"""Job statuses and kinds, declared once, with the named groups and the transition table (docs/architecture.md §3.5).
 
     proposed → approved → queued → running → succeeded | failed | rolled_back
     side exits: rejected (a reviewer says no), stale (the engine moved on), cancelled (the proposer withdrew)

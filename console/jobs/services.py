@@ -14,7 +14,8 @@ Every transition is compare-and-set on the status (an UPDATE filtered on the exp
 it changed exactly one row), so two reviewers, two workers or a worker and the reconciler cannot both win.
 Every transition records an audit event in the same transaction (console.audit.services.record; if that
 fails the change rolls back), and the live hook (events.publish_job_update) runs only after the commit.
-Refusals raise console.jobs.errors (each with its HTTP status_code).
+Refusals raise console.jobs.errors (each with its HTTP status_code). The rules numbered above are the review
+gate's, docs/architecture.md §4.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ a second delivery of a running or finished job finds nothing to claim and does n
 
 1. the stored plan must still hash to the reviewed plan_hash, and an approval must be bound to that hash;
 2. the engine's fingerprint is read again: another layout than the reviewed plan's incumbent ends the job
-   `stale` without touching the engine (rule 4);
+   `stale` without touching the engine (docs/architecture.md §4, rule 4);
 3. POST /control/apply with the job's approval attestation (console.jobs.attestation: the reviewers whose
    approvals count, signed with the approval key; without the key nothing is applied); the operation id is
    recorded at once with the approvers;

@@ -1,4 +1,4 @@
-"""The census of a model: per-layer kind and the three prices of every layer (DOMAIN.md §2).
+"""The census of a model: per-layer kind and the three prices of every layer (docs/domain.md §2).
 
 Prices are kept as element counts and turned into bytes by a dtype at the point of use, because
 the KV and state dtypes are the operator's choice, not the config's.

@@ -1,4 +1,4 @@
-"""Weight quantization, priced once for every family (DOMAIN.md §2: weight bytes).
+"""Weight quantization, priced once for every family (docs/domain.md §2: weight bytes).
 
 Two sources, one implementation:
 - a checkpoint's `quantization_config` (fine-grained fp8 as Qwen and DeepSeek publish it:

@@ -49,7 +49,8 @@ class Job(models.Model):
 
     @property
     def incumbent_fingerprint(self) -> str:
-        """The layout the plan was made for; the worker refuses to apply it to any other (rule 4)."""
+        """The layout the plan was made for; the worker refuses to apply it to any other (docs/architecture.md §4,
+        rule 4)."""
         return self.plan.get("incumbent_fingerprint", "")
 
     @property

@@ -1,4 +1,4 @@
-"""The job state machine as ARCHITECTURE.md draws it, declared once."""
+"""The job state machine as docs/architecture.md §3.5 draws it, declared once."""
 
 from console.jobs.choices import ACTIVE, CANCELLABLE, TERMINAL, TRANSITIONS, JobStatus, can_move
 

@@ -1,4 +1,4 @@
-"""The review gate (ARCHITECTURE.md rules 1-3), enforced by the service layer every page and endpoint calls."""
+"""The review gate (docs/architecture.md §4, rules 1-3), enforced by the service layer every page and endpoint calls."""
 
 import time
 from datetime import timedelta

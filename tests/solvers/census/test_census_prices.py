@@ -1,4 +1,4 @@
-"""KV bytes per token and state bytes per sequence follow DOMAIN.md §2 for each mixer kind and dtype."""
+"""KV bytes per token and state bytes per sequence follow docs/domain.md §2 for each mixer kind and dtype."""
 
 from __future__ import annotations
 
