@@ -9,6 +9,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+from django.core.cache import cache
+from login_users import PASSWORD
+
 _spec = importlib.util.spec_from_file_location(
     "seam_console_security_conftest", Path(__file__).resolve().parents[1] / "console" / "security" / "conftest.py")
 _console = importlib.util.module_from_spec(_spec)
@@ -19,3 +23,21 @@ demo_checkpoint, engine, live_engine = _console.demo_checkpoint, _console.engine
 make_user, operator, reviewer, viewer, handoffs = _console.make_user, _console.operator, _console.reviewer, \
     _console.viewer, _console.handoffs
 post, get, proposed = _console.post, _console.get, _console.proposed
+
+
+# --- a user who logs in, for the login, lockout and token tests -------------------------------------------------
+@pytest.fixture
+def vic(make_user):
+    """A viewer with a known password (login_users.PASSWORD)."""
+    user = make_user("viewer", name="vic")
+    user.set_password(PASSWORD)
+    user.save()
+    return user
+
+
+@pytest.fixture
+def no_throttle_history():
+    """The token endpoint's rate-limit history lives in the default cache: start and end the test with it empty."""
+    cache.clear()
+    yield
+    cache.clear()

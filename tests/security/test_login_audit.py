@@ -9,6 +9,7 @@ import json
 import pytest
 from django.conf import settings
 from django.core.cache import cache
+from login_users import PASSWORD
 
 from console.accounts import signals
 from console.api.views import TokenView
@@ -17,8 +18,6 @@ from console.audit.services import verify_chain
 
 pytestmark = pytest.mark.django_db
 
-PASSWORD = "a-long-right-password"
-
 
 @pytest.fixture(autouse=True)
 def no_throttle_history(monkeypatch):
@@ -26,14 +25,6 @@ def no_throttle_history(monkeypatch):
     monkeypatch.setattr(TokenView, "throttle_classes", [])
     yield
     cache.clear()
-
-
-@pytest.fixture
-def vic(make_user):
-    user = make_user("viewer", name="vic")
-    user.set_password(PASSWORD)
-    user.save()
-    return user
 
 
 def _failures(action: str = "auth.login_failed") -> list[AuditEvent]:

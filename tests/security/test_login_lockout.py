@@ -17,32 +17,16 @@ import pytest
 from asgiref.sync import async_to_sync
 from axes.models import AccessAttempt
 from django.conf import settings
-from django.core.cache import cache
 from django.test import AsyncClient
+from login_users import PASSWORD
 from rest_framework.authtoken.models import Token
 from rest_framework.throttling import ScopedRateThrottle
 
 from console.api.views import TokenView
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_throttle_history")]
 
-PASSWORD = "a-long-right-password"
 TOKEN_URL = "/api/v1/auth/token/"
-
-
-@pytest.fixture(autouse=True)
-def no_throttle_history():
-    cache.clear()
-    yield
-    cache.clear()
-
-
-@pytest.fixture
-def vic(make_user):
-    user = make_user("viewer", name="vic")
-    user.set_password(PASSWORD)
-    user.save()
-    return user
 
 
 @pytest.fixture

@@ -10,33 +10,17 @@ import io
 import pytest
 from django.contrib.auth.forms import AdminPasswordChangeForm
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
-from django.core.cache import cache
 from django.core.management import call_command
 from django.utils import timezone
+from login_users import PASSWORD
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from console.audit.models import AuditEvent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_throttle_history")]
 
-PASSWORD = "a-long-right-password"
 TOKEN_URL, REVOKE_URL, READ_URL = "/api/v1/auth/token/", "/api/v1/auth/token/revoke/", "/api/v1/jobs/"
-
-
-@pytest.fixture(autouse=True)
-def no_throttle_history():
-    cache.clear()
-    yield
-    cache.clear()
-
-
-@pytest.fixture
-def vic(make_user):
-    user = make_user("viewer", name="vic")
-    user.set_password(PASSWORD)
-    user.save()
-    return user
 
 
 def _obtain(username: str = "vic", password: str = PASSWORD) -> dict:

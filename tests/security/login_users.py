@@ -1,0 +1,3 @@
+"""What the login tests share by name: the password of the `vic` fixture (tests/security/conftest.py)."""
+
+PASSWORD = "a-long-right-password"
