@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from solvers.errors import SolverError
+from solvers.line_fit import fit_line
 
 
 @dataclass(frozen=True)
@@ -207,21 +208,6 @@ class Coverage:
                 "warnings": [warning.to_dict() for warning in self.warnings]}
 
 
-def _fit(xs: list[int], ys: list[float]) -> tuple[float, float, float | None, float | None, int]:
-    """Ordinary least squares y = slope x + intercept: (slope, intercept, residual SD, SE of intercept, dof)."""
-    n = len(xs)
-    x_bar, y_bar = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - x_bar) ** 2 for x in xs)
-    slope = sum((x - x_bar) * (y - y_bar) for x, y in zip(xs, ys, strict=True)) / sxx
-    intercept = y_bar - slope * x_bar
-    dof = n - 2
-    if dof <= 0:
-        return slope, intercept, None, None, dof  # a line through two points has no residual to measure
-    rss = sum((y - slope * x - intercept) ** 2 for x, y in zip(xs, ys, strict=True))
-    sd = math.sqrt(rss / dof)
-    return slope, intercept, sd, sd * math.sqrt(1 / n + x_bar**2 / sxx), dof
-
-
 def coverage(samples: Iterable[Sample | tuple | dict], target: float = 0.05,
              sd_ms: float | Sequence[float] | None = None, incumbent: Sequence[int] | None = None,
              step: int = 1) -> Coverage:
@@ -249,7 +235,8 @@ def coverage(samples: Iterable[Sample | tuple | dict], target: float = 0.05,
                                        sds[i], math.inf, (f"layer count never changed ({counts[0]}): ms per layer "
                                                           f"assumes fixed ms = 0, an optimistic bound",)))
             continue
-        slope, intercept, residual_sd, se, dof = _fit(xs, ys)
+        fit = fit_line(xs, ys)
+        slope, residual_sd = fit.slope, fit.residual_sd
         sd = sds[i] if sds[i] is not None else residual_sd
         needed: float | int | None = None
         if slope <= 0:
@@ -258,8 +245,9 @@ def coverage(samples: Iterable[Sample | tuple | dict], target: float = 0.05,
             notes.append("no SD: give sd_ms (A-vs-A spread) or measure more runs than two distinct cuts")
         else:
             needed = samples_needed(sd, target, counts[-1] - counts[0], slope)
-        report.append(RankCoverage(i, True, counts, len(xs), counts[-1] - counts[0], slope,
-                                   publish_intercept(intercept, se, dof), sd, needed, tuple(notes)))
+        intercept = publish_intercept(fit.intercept, fit.intercept_se, fit.dof)
+        report.append(RankCoverage(i, True, counts, len(xs), counts[-1] - counts[0], slope, intercept, sd, needed,
+                                   tuple(notes)))
     start = tuple(incumbent) if incumbent is not None else parsed[0].cut
     if len(start) != ranks or sum(start) != sum(parsed[0].cut):
         raise SolverError(f"incumbent {list(start)} is not a cut of the sampled rig and model "

@@ -10,6 +10,7 @@ enumerates the cuts (frontier_search.py); every reported number is re-priced thr
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from math import comb, isfinite
 
@@ -39,7 +40,7 @@ class CutReport:
     x_serial: float
     x_pipelined: float
     flags: tuple[str, ...]
-    provenance: str  # "measured" only for a booted layout, else "extrapolated"
+    provenance: str  # "measured" only for a booted or measured layout, else "extrapolated"
     reasons: tuple[str, ...] = ()
 
     @property
@@ -98,9 +99,12 @@ class Frontier:
         }
 
 
-def report_cut(pricer: CutPricer, timing: TimingModel, cut: tuple[int, ...],
-               incumbent_pool: int | None = None) -> CutReport:
-    """Price one cut through the public pricer and timing model: the single source of every number."""
+def report_cut(pricer: CutPricer, timing: TimingModel, cut: tuple[int, ...], incumbent_pool: int | None = None,
+               measured_cuts: Collection[tuple[int, ...]] = frozenset()) -> CutReport:
+    """Price one cut through the public pricer and timing model: the single source of every number.
+
+    Provenance is "measured" for a cut the rig booted or one in `measured_cuts` (layouts measured live).
+    """
     priced, timed = pricer.price(cut), timing.evaluate(cut)
     pool = priced.pool_tokens
     ratio = pool / incumbent_pool if pool is not None and incumbent_pool else None
@@ -109,7 +113,8 @@ def report_cut(pricer: CutPricer, timing: TimingModel, cut: tuple[int, ...],
         caps=tuple(rank.allowed_tokens for rank in priced.ranks), pool_tokens=pool, pool_ratio=ratio,
         binding_rank=priced.binding_rank, serial_ms=timed.serial_ms, pipelined_ms=timed.pipelined_ms,
         x_serial=timed.x_serial, x_pipelined=timed.x_pipelined, flags=timed.flags,
-        provenance="measured" if pricer.rig.is_booted(priced.cut) else "extrapolated", reasons=priced.reasons,
+        provenance="measured" if priced.cut in measured_cuts or pricer.rig.is_booted(priced.cut) else "extrapolated",
+        reasons=priced.reasons,
     )
 
 
@@ -129,10 +134,24 @@ def default_timing(rig: Rig, incumbent: tuple[int, ...], notes: list[str]) -> Ti
     return calibrate(incumbent, stage_ms, noise_floor=rig.noise_floor)
 
 
+def _composition(cut: object, layers: int, ranks: int, what: str) -> tuple[int, ...]:
+    """`cut` as a tuple when it puts `layers` on `ranks` ranks, a positive whole number each; else SolverError."""
+    if not isinstance(cut, Sequence) or isinstance(cut, str) or len(cut) != ranks or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in cut) or sum(cut) != layers:
+        raise SolverError(f"{what} {cut!r}: expected {ranks} positive whole layer counts (one per rank) summing to "
+                          f"the model's {layers} layers")
+    return tuple(cut)
+
+
 def compute_frontier(model: ModelCensus, rig: Rig, *, shape: ServingShape | None = None,
                      timing: TimingModel | None = None, min_pool_ratio: float | None = None,
-                     refused_limit: int = DEFAULT_REFUSED_LIMIT) -> Frontier:
-    """The exact Pareto frontier over (pipelined ms ↓, pool tokens ↑) of every cut of `model` on `rig`."""
+                     refused_limit: int = DEFAULT_REFUSED_LIMIT, incumbent: Sequence[int] | None = None,
+                     measured_cuts: Collection[Sequence[int]] = ()) -> Frontier:
+    """The exact Pareto frontier over (pipelined ms ↓, pool tokens ↑) of every cut of `model` on `rig`.
+
+    `incumbent`: the cut speedups and pool ratios are against (default: the rig's); pass the running cut.
+    `measured_cuts`: layouts measured live, reported with provenance "measured" like the rig's booted ones.
+    """
     started = time.perf_counter()
     n, layers = rig.size, model.num_layers
     if layers < n:
@@ -147,8 +166,17 @@ def compute_frontier(model: ModelCensus, rig: Rig, *, shape: ServingShape | None
         # NaN compares false with everything, so it would silently keep every point.
         raise SolverError(f"min_pool_ratio must be a finite number >= 0, e.g. 0.9 (got {min_pool_ratio!r})")
 
-    incumbent, note = rig.incumbent_for(layers)
-    notes = [note] if note else []
+    if isinstance(measured_cuts, str | bytes) or not isinstance(measured_cuts, Collection):
+        raise SolverError(f"measured_cuts {measured_cuts!r}: expected a collection of cuts (layer counts per rank)")
+    measured = frozenset(_composition(cut, layers, n, "measured cut") for cut in measured_cuts)
+    if incumbent is None:
+        incumbent, note = rig.incumbent_for(layers)
+        notes = [note] if note else []
+    else:
+        incumbent, notes = _composition(incumbent, layers, n, "incumbent"), []
+        if timing is not None and tuple(timing.incumbent) != incumbent:
+            raise SolverError(f"the timing model's incumbent {list(timing.incumbent)} is not the incumbent "
+                              f"{list(incumbent)}: speedups would be against a different cut")
     if timing is None:
         timing = default_timing(rig, incumbent, notes)
     elif len(timing.ms_per_layer) != n:
@@ -159,15 +187,15 @@ def compute_frontier(model: ModelCensus, rig: Rig, *, shape: ServingShape | None
         notes.append("fixed per-stage cost assumed 0 (unidentified from one cut): every speedup is an upper bound")
 
     pricer = CutPricer(model, rig, shape)
-    head = report_cut(pricer, timing, incumbent)
-    head = report_cut(pricer, timing, incumbent, head.pool_tokens)  # its own ratio: 1.0 when it has a pool
+    head = report_cut(pricer, timing, incumbent, measured_cuts=measured)
+    head = report_cut(pricer, timing, incumbent, head.pool_tokens, measured)  # its own ratio: 1.0 with a pool
     if not head.feasible:
         notes.append(f"incumbent {list(incumbent)} is refused: {'; '.join(head.reasons)}")
 
     search = CutSearch(pricer, timing.ms_per_layer, timing.fixed_ms)
     points = []
     for budget, pool in search.steps():
-        point = report_cut(pricer, timing, search.representative(budget, pool), head.pool_tokens)
+        point = report_cut(pricer, timing, search.representative(budget, pool), head.pool_tokens, measured)
         if (time_key(point.pipelined_ms), point.pool_tokens) != (budget, pool):  # search and pricer must agree
             raise AssertionError(f"cut {list(point.cut)} prices to {(point.pipelined_ms, point.pool_tokens)}, "
                                  f"the search expected {(budget, pool)}")
