@@ -5,8 +5,8 @@ streamed at once; prefill runs until every request has its first token, decode i
 request). The best of `repeats` runs is kept, and the spread of the runs is recorded (this run's own A-vs-A noise).
 
 The timing model is calibrated at the incumbent with solvers.timing.calibrate from the stage times every rank
-reports for its own layers (the engine's `stage_ms`: the median over the measured runs' steps of each kind, decode
-steps for decode and prompt steps for prefill), and evaluated at the other cuts with TimingModel.evaluate. The
+reports for its own layers (the `decode` and `prefill` stage stats of the engine's `measurement` in /control/state:
+the median over the measured runs' steps of each kind), and evaluated at the other cuts with TimingModel.evaluate. The
 engine's steps run rank after rank (one batch in flight), so a step is the serial sum of the stages and a cut's
 predicted tok/s is the incumbent's measured tok/s times its serial speedup; each cut's own reported stages are
 recorded beside the predicted ones. The fixed per-stage cost (the hidden state's hop between GPUs, the embedding
@@ -49,10 +49,11 @@ def throughput(engine: HttpEngine, cut: list[int], batch: int, prompt_len: int, 
         runs.append({"prefill_s": round(prefilled - started, 6),
                      "decode_s": round(max(h.done_s for h in handles) - prefilled, 6)})
     prefill_s, decode_s = min(r["prefill_s"] for r in runs), min(r["decode_s"] for r in runs)
+    measurement = engine.state()["measurement"]  # this cut's steps only: a layout change clears the engine's log
     out.update(prefill_ms=prefill_s * 1e3, decode_step_ms=decode_s * 1e3 / (gen_len - 1),
                prefill_tok_s=batch * prompt_len / prefill_s, decode_tok_s=batch * (gen_len - 1) / decode_s,
                spread={phase: _spread([r[f"{phase}_s"] for r in runs]) for phase in PHASES},
-               stage_ms=engine.state()["stage_ms"])  # this cut's steps only: a layout change clears the log
+               stage_ms={phase: measurement[phase] for phase in PHASES})
 
 
 def _spread(values: list[float]) -> float:

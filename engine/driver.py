@@ -21,6 +21,7 @@ from engine.driver_api import RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.health import StepHealth
 from engine.host_image import HostImage
+from engine.latency import LatencyLog
 from engine.rank import RankLayout, StepPlan
 from engine.rank_group import RankGroup
 from engine.reconfig import Operations
@@ -73,6 +74,7 @@ class PipelineDriver:
         self.throughput: deque[tuple[float, int, int]] = deque()
         self.device_memory: dict[int, dict] = {}  # rank -> its latest real device figures (CUDA ranks only)
         self.stages = StageLog()  # each rank's stage time in recent steps, for calibrating the timing model
+        self.latency = LatencyLog()  # recent requests' time to first token and between tokens
         self.step_health = StepHealth()
         self.ops = Operations(self)
         self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
@@ -129,6 +131,7 @@ class PipelineDriver:
         """Make `cut` and `shape` current for the scheduler; only ever called with no sequence holding blocks."""
         self.cut, self.shape, self.prediction = tuple(cut), shape, prediction
         self.stages.clear()
+        self.latency.clear()
         blocks = BlockManager((prediction.pool_tokens or 0) // shape.block_size, shape.block_size,
                               tracks_kv=bool(self.census.attention_layers))
         slots = SlotManager(shape.max_num_seqs)
@@ -161,6 +164,7 @@ class PipelineDriver:
         with self.lock:
             seq = Sequence(next(self.ids), ids, params)
             self.scheduler.add(seq)  # refuses, naming why, a request that can never fit
+            self.latency.submitted(seq.seq_id)
             handle = self.handles[seq.seq_id] = RequestHandle(seq.seq_id, ids)
         self.wake.set()
         return handle
@@ -196,6 +200,7 @@ class PipelineDriver:
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         handle = self.handles.pop(seq.seq_id, None)
         self.sampler.release(seq.seq_id)
+        self.latency.finished(seq.seq_id, reason)
         if handle is not None:
             handle.finish_reason, handle.error = reason, error
             handle.tokens.put(None)
@@ -245,6 +250,7 @@ class PipelineDriver:
             tokens = {batch.seqs[i].seq_id: token for i, token in zip(ready, drawn, strict=True)
                       if not isinstance(token, Exception)}
             finished = self.scheduler.commit(batch, tokens)
+            self.latency.emitted(tokens)
             for i, token in zip(ready, drawn, strict=True):
                 if isinstance(token, Exception):
                     self._fail(batch.seqs[i], f"sampling failed: {type(token).__name__}: {token}")

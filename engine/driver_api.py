@@ -58,7 +58,8 @@ class Driver(Protocol):
         ...
 
     def state(self) -> dict[str, Any]:
-        """GET /control/state: {fingerprint, cut, shape, phase, ranks: [...], ladder: {...}}."""
+        """GET /control/state: {model, rig, fingerprint, cut, shape, phase, ranks: [...], ladder: {...},
+        measurement: {...} (solvers.measurement.LayoutMeasurement.to_dict)}."""
         ...
 
     def plan(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterable
 
 import torch
+
+from solvers.measurement import NO_STEPS, STEP_KINDS, StageStats
 
 WINDOW = 256  # steps kept: a few seconds of serving, enough for a median of one workload
 
@@ -60,16 +61,16 @@ class StageLog:
     def clear(self) -> None:
         self.steps.clear()
 
-    def summary(self) -> dict:
-        """Per kind: how many steps, their median tokens, and each rank's median stage ms (None without steps)."""
-        return {kind: _medians([(tokens, ms) for k, tokens, ms in self.steps if k == kind])
-                for kind in ("decode", "prefill")}
+    def summary(self) -> dict[str, StageStats]:
+        """Per kind ("decode", "prefill"): how many steps, their median tokens, and per rank the median stage ms
+        and its spread (the sample standard deviation over the steps; 0 with one step)."""
+        return {kind: _stats([(tokens, ms) for k, tokens, ms in self.steps if k == kind]) for kind in STEP_KINDS}
 
 
-def _medians(steps: Iterable[tuple[int, list[float]]]) -> dict:
-    steps = list(steps)
+def _stats(steps: list[tuple[int, list[float]]]) -> StageStats:
     if not steps:
-        return {"steps": 0, "median_tokens": None, "median_ms": None}
-    ranks = zip(*(ms for _, ms in steps), strict=True)
-    return {"steps": len(steps), "median_tokens": statistics.median(tokens for tokens, _ in steps),
-            "median_ms": [round(statistics.median(rank), 4) for rank in ranks]}
+        return NO_STEPS
+    ranks = list(zip(*(ms for _, ms in steps), strict=True))
+    return StageStats(len(steps), float(statistics.median(tokens for tokens, _ in steps)),
+                      tuple(round(statistics.median(rank), 4) for rank in ranks),
+                      tuple(round(statistics.stdev(rank), 4) if len(steps) > 1 else 0.0 for rank in ranks))

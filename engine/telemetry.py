@@ -19,6 +19,8 @@ from typing import Any
 
 import redis
 
+from solvers.measurement import STEP_KINDS
+
 log = logging.getLogger(__name__)
 
 RECENT = 256
@@ -250,12 +252,30 @@ ENGINE_METRICS = (
      "recoveries_in_a_row"),
     ("seam_engine_recoveries", "Failed steps recovered since start.", "recoveries"),
 )
+LATENCY_METRICS = (  # the snapshot's engine.measurement.latency: recent finished requests of the current layout
+    ("seam_engine_latency_requests", "Finished requests the latency medians are over.", "requests"),
+    ("seam_engine_ttft_ms", "Median time to first token of recent requests, in ms.", "ttft_ms"),
+    ("seam_engine_itl_ms", "Median time between output tokens of recent requests, in ms.", "itl_ms"),
+)
 
 
 def _dig(data: dict, path: Iterable[str]) -> object:
     for key in path:
         data = data.get(key) if isinstance(data, dict) else None
     return data
+
+
+def _measurement(out: _Exposition, ranks: list[dict], measurement: object) -> None:
+    """Stage medians per rank and kind, and the latency medians, of the snapshot's measurement (if it has one)."""
+    for kind in STEP_KINDS:
+        per_rank = _dig(measurement, (kind, "median_ms"))
+        if per_rank is None:
+            continue  # no step of this kind since the layout changed
+        for rank, ms in zip(ranks, per_rank, strict=True):
+            out.add("seam_engine_stage_ms", "Median stage time of the rank over recent steps of the kind, in ms.", ms,
+                    {"rank": rank["rank"], "name": rank["name"], "kind": kind})
+    for metric, help_text, key in LATENCY_METRICS:
+        out.add(metric, help_text, _dig(measurement, ("latency", key)))
 
 
 def prometheus_text(snapshot: dict, operations: list[dict]) -> str:
@@ -274,6 +294,7 @@ def prometheus_text(snapshot: dict, operations: list[dict]) -> str:
             {"cut": ",".join(str(n) for n in engine["cut"]), "phase": engine["phase"]})
     for metric, help_text, key in ENGINE_METRICS:
         out.add(metric, help_text, engine.get(key))
+    _measurement(out, snapshot["ranks"], engine.get("measurement"))
     counts = dict.fromkeys(OPERATION_STATUSES, 0)
     for operation in operations:
         status = str(operation.get("status", "unknown"))

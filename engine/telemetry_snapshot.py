@@ -1,12 +1,15 @@
 """What the driver shows of itself: the telemetry snapshot in the schema of docs/architecture.md §3.4 (per rank
-memory and pools, engine state and health) and GET /control/state."""
+memory and pools, engine state and health) and GET /control/state; both carry the measurement of the running layout
+(its shape is solvers/measurement.py's)."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
+from engine.reconfig import measured_figures
 from solvers.ladder import switch_cost_s
+from solvers.measurement import LayoutMeasurement, PoolFigures
 
 if TYPE_CHECKING:
     from engine.driver import PipelineDriver
@@ -22,6 +25,21 @@ def _rates(driver: PipelineDriver) -> tuple[float, float]:
     prefill = sum(item[1] for item in driver.throughput)
     decode = sum(item[2] for item in driver.throughput)
     return prefill / THROUGHPUT_WINDOW_S, decode / THROUGHPUT_WINDOW_S
+
+
+def build_measurement(driver: PipelineDriver) -> LayoutMeasurement:
+    """What the driver measured of the layout it serves; the caller holds the driver's lock."""
+    prefill_rate, decode_rate = _rates(driver)
+    stages = driver.stages.summary()
+    # `real` is what the scheduler hands out: whole blocks of the pool; without attention nothing grows with tokens.
+    real = driver.scheduler.blocks.capacity_tokens if driver.census.attention_layers else None
+    return LayoutMeasurement(
+        model=driver.model_name, rig=driver.rig.name, fingerprint=driver.fingerprint(), cut=tuple(driver.cut),
+        shape=driver.shape.to_dict(), decode=stages["decode"], prefill=stages["prefill"],
+        decode_tok_s=round(decode_rate, 3), prefill_tok_s=round(prefill_rate, 3),
+        pool=PoolFigures(predicted=driver.prediction.pool_tokens,
+                         allocated=measured_figures(driver.measured)["pool_tokens"], real=real),
+        latency=driver.latency.summary())
 
 
 def _build_figures(measured: dict) -> dict | None:
@@ -50,31 +68,32 @@ def build_snapshot(driver: PipelineDriver, seq: int) -> dict:
             # figures until it has stepped; None on CPU.
             "device_memory": driver.device_memory.get(predicted.rank) or _build_figures(measured),
         })
-    prefill_rate, decode_rate = _rates(driver)
+    measurement = build_measurement(driver)
     health = driver.health()
     return {
         "seq": seq, "ts": time.time(), "ranks": ranks,
         "engine": {"cut": list(driver.cut), "shape": driver.shape.to_dict(), "phase": driver.phase,
                    "running": len(scheduler.running), "waiting": len(scheduler.waiting),
-                   "prefill_tok_s": round(prefill_rate, 3), "decode_tok_s": round(decode_rate, 3),
+                   "prefill_tok_s": measurement.prefill_tok_s, "decode_tok_s": measurement.decode_tok_s,
                    "reconfiguring": driver.phase not in ("serving", "starting"),
                    "fingerprint": driver.fingerprint(), "pool_tokens": driver.prediction.pool_tokens,
                    "binding_rank": driver.prediction.binding_rank, "preemptions": scheduler.preemptions,
                    # false while broken or in a recovery loop, as /healthz (engine/health.py)
                    "healthy": health["ok"], "recoveries_in_a_row": health["recoveries_in_a_row"],
-                   "recoveries": health["recoveries"]},
+                   "recoveries": health["recoveries"], "measurement": measurement.to_dict()},
     }
 
 
 def build_state(driver: PipelineDriver) -> dict:
     """GET /control/state; the caller holds the driver's lock."""
     return {
+        "model": driver.model_name, "rig": driver.rig.name,
         "fingerprint": driver.fingerprint(), "cut": list(driver.cut), "shape": driver.shape.to_dict(),
         "phase": driver.phase, "pool_tokens": driver.prediction.pool_tokens,
         "binding_rank": driver.prediction.binding_rank,
         "ranks": [{**row, "measured": measured}
                   for row, measured in zip(driver.prediction.table(), driver.measured, strict=True)],
-        "ladder": _ladder_state(driver), "notes": driver.notes, "stage_ms": driver.stages.summary(),
+        "ladder": _ladder_state(driver), "notes": driver.notes, "measurement": build_measurement(driver).to_dict(),
         "health": driver.health(),
     }
 

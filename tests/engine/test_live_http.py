@@ -20,6 +20,7 @@ from engine.llm import LLM
 from engine.openai_api import render_chat
 from engine.sampler import SamplingParams
 from engine.telemetry import USED_CATEGORIES
+from solvers.measurement import STEP_KINDS, LayoutMeasurement
 
 MAX_MODEL_LEN = 2048  # the cpu-demo rig's shape
 TEXT_PROMPT = "The operator asks which rank binds the pool"
@@ -270,8 +271,16 @@ def test_the_state_reports_each_ranks_stage_time(service):
     reply = service.client.post("/v1/completions", json={"prompt": list(range(3, 40)), "max_tokens": 12,
                                                          "temperature": 0, "ignore_eos": True})
     assert reply.status_code == 200, reply.text
-    stages = service.state()["stage_ms"]
-    for kind in ("prefill", "decode"):
-        assert stages[kind]["steps"] >= 1 and len(stages[kind]["median_ms"]) == 3
-        assert all(ms > 0 for ms in stages[kind]["median_ms"])
-    assert stages["decode"]["steps"] >= 11  # every decode step of the request, each timed on every rank
+    state = service.state()
+    assert "stage_ms" not in state  # the measurement carries the stage times now
+    measurement = LayoutMeasurement.from_dict(state["measurement"])
+    for kind in STEP_KINDS:
+        stats = measurement.stats(kind)
+        assert stats.steps >= 1 and len(stats.median_ms) == len(stats.spread_ms) == 3
+        assert all(ms > 0 for ms in stats.median_ms) and all(sd >= 0 for sd in stats.spread_ms)
+    assert measurement.decode.steps >= 11  # every decode step of the request, each timed on every rank
+    samples = _metrics(service)
+    for rank, row in enumerate(state["ranks"]):
+        labels = tuple(sorted({"rank": str(rank), "name": row["name"], "kind": "decode"}.items()))
+        assert samples[("seam_engine_stage_ms", labels)] > 0
+    assert samples[("seam_engine_latency_requests", ())] >= 1 and samples[("seam_engine_ttft_ms", ())] > 0

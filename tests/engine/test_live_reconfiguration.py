@@ -16,6 +16,7 @@ from live_service import LiveService, run_concurrently
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
 from engine.sampler import SamplingParams
+from solvers.measurement import LayoutMeasurement
 
 MAX_TOKENS = 24
 
@@ -202,3 +203,56 @@ def test_operations_run_one_at_a_time(service):
     refused = service.apply(second)  # busy, or made for the layout the first one is replacing
     assert refused.status_code == 409
     assert service.wait_operation(accepted.json()["operation_id"])["status"] == "succeeded"
+
+
+def test_the_state_and_telemetry_carry_the_measurement_of_the_running_layout(service, channel, checkpoint):
+    # A layout change of its own first: every completion from there on is counted, and the change cleared the rest.
+    shape = service.state()["shape"]
+    planned = service.plan("shape", {"max_num_seqs": 3 if shape["max_num_seqs"] != 3 else 5})
+    assert service.wait_operation(service.apply(planned).json()["operation_id"])["status"] == "succeeded"
+    cleared = LayoutMeasurement.from_dict(service.state()["measurement"])
+    assert cleared.decode.steps == cleared.prefill.steps == cleared.latency.requests == 0
+    assert cleared.decode.median_ms is None and cleared.latency.ttft_ms is None
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 1024) for _ in range(length)] for length in (9, 30, 17)]
+    for prompt in prompts:
+        reply = service.client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                                             "ignore_eos": True})
+        assert reply.status_code == 200 and len(reply.json()["choices"][0]["token_ids"]) == 6, reply.text
+    state = service.state()
+    assert "stage_ms" not in state
+    measurement = LayoutMeasurement.from_dict(state["measurement"])
+    assert state["model"] == measurement.model == checkpoint.name and state["rig"] == measurement.rig == "cpu-demo"
+    assert measurement.fingerprint == state["fingerprint"] == cleared.fingerprint
+    assert list(measurement.cut) == state["cut"] and measurement.shape == state["shape"]
+    # One request at a time: a prompt step gives each its first token, then five decode steps of one token.
+    assert (measurement.prefill.steps, measurement.prefill.median_tokens) == (len(prompts), 17)
+    assert (measurement.decode.steps, measurement.decode.median_tokens) == (5 * len(prompts), 1)
+    for kind in ("decode", "prefill"):
+        stats = measurement.stats(kind)
+        assert len(stats.median_ms) == len(stats.spread_ms) == len(state["ranks"]) == 3
+        assert all(ms > 0 for ms in stats.median_ms)
+    pool = measurement.pool
+    assert pool.predicted == pool.allocated == state["pool_tokens"] > 0
+    assert pool.real <= pool.allocated and pool.real % state["shape"]["block_size"] == 0
+    latency = measurement.latency
+    assert latency.requests == len(prompts)  # the completions since the change, and nothing from before it
+    assert latency.ttft_ms > 0 and latency.itl_ms > 0
+    subscription = redis.Redis.from_url(REDIS_URL).pubsub()
+    subscription.subscribe(channel)
+    shown = _telemetry_until(subscription, lambda snapshot: snapshot["engine"]["fingerprint"] == state["fingerprint"])
+    subscription.close()
+    published = shown["engine"]["measurement"]
+    assert _keys(published) == _keys(state["measurement"])
+    again = LayoutMeasurement.from_dict(published, "snapshot.engine.measurement")
+    # Nothing ran since: the published figures are the state's (only the 5 s throughput window moves on).
+    assert (again.decode, again.prefill, again.pool, again.latency) == (measurement.decode, measurement.prefill,
+                                                                        measurement.pool, measurement.latency)
+
+
+def _keys(data: object, where: str = "") -> set[str]:
+    """Every key path of a JSON object, nested ones as `pool.real`."""
+    if not isinstance(data, dict):
+        return set()
+    return {f"{where}{key}" for key in data} | {path for key, value in data.items()
+                                                for path in _keys(value, f"{where}{key}.")}

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from engine.telemetry import TelemetryPublisher, keys, prometheus_text, recent_since, validate_snapshot
+from solvers.measurement import NO_STEPS, Latency, LayoutMeasurement, PoolFigures, StageStats
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -342,3 +343,31 @@ def test_prometheus_text_reports_a_recovery_loop_as_unhealthy():
     samples = parse_exposition(prometheus_text(snapshot, []))
     assert samples[("seam_engine_healthy",)] == 0
     assert samples[("seam_engine_recoveries_in_a_row",)] == 3 and samples[("seam_engine_recoveries",)] == 5
+
+
+def _measurement(decode: StageStats, prefill: StageStats, latency: Latency) -> dict:
+    return LayoutMeasurement(model="demo", rig="cpu-demo", fingerprint="abc", cut=(9, 7),
+                             shape={"max_model_len": 2048}, decode=decode, prefill=prefill, decode_tok_s=64.25,
+                             prefill_tok_s=812.5, pool=PoolFigures(4096, 4096, 4096), latency=latency).to_dict()
+
+
+def test_prometheus_text_exposes_stage_and_latency_medians():
+    snapshot = make_snapshot(5)
+    snapshot["engine"]["measurement"] = _measurement(StageStats(12, 1.0, (3.5, 2.25), (0.1, 0.2)), NO_STEPS,
+                                                     Latency(requests=4, ttft_ms=41.5, itl_ms=3.75))
+    samples = parse_exposition(prometheus_text(snapshot, []))
+    assert samples[("seam_engine_stage_ms", ("kind", "decode"), ("name", "r0"), ("rank", "0"))] == 3.5
+    assert samples[("seam_engine_stage_ms", ("kind", "decode"), ("name", "r1"), ("rank", "1"))] == 2.25
+    assert not any(key[0] == "seam_engine_stage_ms" and ("kind", "prefill") in key for key in samples)  # no steps
+    assert samples[("seam_engine_latency_requests",)] == 4
+    assert samples[("seam_engine_ttft_ms",)] == 41.5 and samples[("seam_engine_itl_ms",)] == 3.75
+
+
+def test_prometheus_text_leaves_out_latency_medians_it_does_not_have():
+    snapshot = make_snapshot(6)
+    snapshot["engine"]["measurement"] = _measurement(NO_STEPS, NO_STEPS, Latency(requests=0, ttft_ms=None,
+                                                                                 itl_ms=None))
+    samples = parse_exposition(prometheus_text(snapshot, []))
+    assert samples[("seam_engine_latency_requests",)] == 0
+    assert ("seam_engine_ttft_ms",) not in samples and ("seam_engine_itl_ms",) not in samples
+    assert not any(key[0] == "seam_engine_stage_ms" for key in samples)
