@@ -19,10 +19,13 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 # Seam on one machine: Redis (REDIS_URL, else a private redis-server), the engine with the demo checkpoint
-# on the demo rig, the telemetry bridge, a Celery worker, Celery beat and the console; Ctrl-C stops all of it
-# (docs/architecture.md §2).
+# on the demo rig (or the one SEAM_ENGINE_URL names), the telemetry bridge, a Celery worker, Celery beat and the
+# console; Ctrl-C stops all of it (docs/architecture.md §2). LADDER='7,5,4;8,4,4' arms a layout ladder on the demo
+# engine; demo traffic is on with the demo engine, TRAFFIC=0 turns it off, TRAFFIC=1 turns it on for any engine.
+RUN_FLAGS = $(if $(LADDER),--ladder='$(LADDER)') \
+	$(if $(filter 0 no off false,$(TRAFFIC)),--no-demo-traffic,$(if $(TRAFFIC),--demo-traffic))
 run: $(STAMP)
-	$(PY) -m console.run
+	$(PY) -m console.run $(RUN_FLAGS)
 
 $(CHROMIUM):
 	$(APT_INSTALL) || ($(SUDO) apt-get update && $(APT_INSTALL))

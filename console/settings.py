@@ -9,6 +9,7 @@ from pathlib import Path
 import dj_database_url
 import plotly
 
+from console.stack import stack_names
 from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -33,11 +34,13 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Redoc's bundle as a static file, for /api/docs/ (no CDN)
     "axes",
     "channels",
     "console.audit",
     "console.accounts",
     "console.jobs",
+    "console.calibration",
     "console.api",
     "console.live",
     "console.ui",
@@ -68,6 +71,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "console.ui.context.pending_review",
             ]
         },
     }
@@ -85,7 +89,15 @@ ENGINE_URL = os.environ.get("SEAM_ENGINE_URL", "http://127.0.0.1:8100")
 # The model and rig the engine runs, for the planner's frontier page and API.
 SEAM_RIG = os.environ.get("SEAM_RIG", "cpu-demo")
 SEAM_MODEL = os.environ.get("SEAM_MODEL", "demo-hybrid-16")
-TELEMETRY_CHANNEL = os.environ.get("SEAM_TELEMETRY_CHANNEL", "seam:telemetry")
+# The stack key (console/stack.py): with SEAM_STACK set, every Redis name below (telemetry channel, Celery queue and
+# exchanges, Channels prefix) starts with seam:<key>:, so two stacks on one Redis stay apart.
+try:
+    STACK_NAMES = stack_names(os.environ)
+except ValueError as error:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(str(error)) from None
+TELEMETRY_CHANNEL = STACK_NAMES.telemetry_channel
 
 # Review gate (docs/architecture.md §4): how many reviewer approvals a job needs, and how long one stays valid.
 SEAM_REQUIRED_APPROVALS = int(os.environ.get("SEAM_REQUIRED_APPROVALS", "1"))
@@ -98,6 +110,19 @@ SEAM_ENGINE_TOKEN = os.environ.get(CONTROL_TOKEN_ENV, "")
 SEAM_APPROVAL_KEY = os.environ.get(APPROVAL_KEY_ENV, "")
 # How often beat has the console compare the engine's layout with the one it last knew (console.jobs.layout_watch).
 SEAM_LAYOUT_WATCH_S = float(os.environ.get("SEAM_LAYOUT_WATCH_S", "30"))
+# How often beat records what the engine measured of its running layout (console.calibration.recording): at most one
+# row per SEAM_MEASURE_S, and only when its window has new decode steps.
+SEAM_MEASURE_S = float(os.environ.get("SEAM_MEASURE_S", "30"))
+# How often beat queues approved jobs whose not_before has come (console.jobs.schedule).
+SEAM_SCHEDULE_POLL_S = float(os.environ.get("SEAM_SCHEDULE_POLL_S", "15"))
+
+# Signed webhooks on job status changes (console.jobs.webhooks; docs/console.md, "Webhooks"): comma-separated URLs,
+# the HMAC-SHA256 key receivers verify with (nothing is sent without one), and how hard a delivery is tried.
+SEAM_WEBHOOK_URLS = [url.strip() for url in os.environ.get("SEAM_WEBHOOK_URLS", "").split(",") if url.strip()]
+SEAM_WEBHOOK_KEY = os.environ.get("SEAM_WEBHOOK_KEY", "")
+SEAM_WEBHOOK_RETRIES = int(os.environ.get("SEAM_WEBHOOK_RETRIES", "5"))
+SEAM_WEBHOOK_BACKOFF_S = float(os.environ.get("SEAM_WEBHOOK_BACKOFF_S", "1"))
+SEAM_WEBHOOK_TIMEOUT_S = float(os.environ.get("SEAM_WEBHOOK_TIMEOUT_S", "5"))
 
 # Logins and tokens (console.accounts; docs/console.md, "Logins and tokens"). django-axes locks a username + client
 # address after SEAM_LOGIN_FAILURE_LIMIT failures, on the login pages and the token API alike, for
@@ -128,11 +153,19 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True  # a worker killed mid-job leaves the message to be redelivered
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = STACK_NAMES.task_queue
+# Per stack too, so one stack's remote control and events (and its worker's node name) never meet another's.
+CELERY_CONTROL_EXCHANGE = STACK_NAMES.control_exchange
+CELERY_EVENT_EXCHANGE = STACK_NAMES.event_exchange
 # The reconciler settles jobs a dead worker left running, from the engine's own operation record.
 # The layout watch notices (audits, shows on the dashboard) a layout change no job of the console caused.
+# The measurement records what the engine measured of its running layout (console.calibration).
 CELERY_BEAT_SCHEDULE = {
     "seam-reconcile-jobs": {"task": "console.jobs.tasks.reconcile_jobs", "schedule": 60.0},
     "seam-watch-engine-layout": {"task": "console.jobs.tasks.watch_engine_layout", "schedule": SEAM_LAYOUT_WATCH_S},
+    "seam-measure-engine-layout": {"task": "console.calibration.tasks.measure_engine_layout",
+                                   "schedule": SEAM_MEASURE_S},
+    "seam-queue-scheduled-jobs": {"task": "console.jobs.tasks.queue_scheduled_jobs", "schedule": SEAM_SCHEDULE_POLL_S},
 }
 
 # Two redis-py defaults that close browsers' sockets with 1011 (found by benchmarks/console_load.py):
@@ -142,7 +175,8 @@ CELERY_BEAT_SCHEDULE = {
 SEAM_CHANNEL_LAYER_CONNECTIONS = int(os.environ.get("SEAM_CHANNEL_LAYER_CONNECTIONS", "1000"))
 CHANNEL_LAYERS = {
     "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [
-        {"address": REDIS_URL, "max_connections": SEAM_CHANNEL_LAYER_CONNECTIONS, "socket_timeout": 15}]}},
+        {"address": REDIS_URL, "max_connections": SEAM_CHANNEL_LAYER_CONNECTIONS, "socket_timeout": 15}],
+        "prefix": STACK_NAMES.channel_layer_prefix}},
 }
 
 REST_FRAMEWORK = {

@@ -20,8 +20,8 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "kind", "status", "target", "plan_hash", "prediction", "measured", "plan", "proposer_name",
-                  "engine_operation_id", "phase", "progress", "error", "created", "updated", "queued_at",
-                  "started_at", "finished_at"]
+                  "engine_operation_id", "phase", "progress", "error", "created", "updated", "not_before",
+                  "queued_at", "started_at", "finished_at"]
         read_only_fields = fields
 
 
@@ -30,6 +30,9 @@ class ProposeSerializer(serializers.Serializer):
     target = serializers.JSONField(help_text='The plan target, e.g. {"cut": [8, 4, 4]}.')
     incumbent_fingerprint = serializers.CharField(required=False,
                                                   help_text="The layout the operator looked at; refused if stale.")
+    not_before = serializers.DateTimeField(
+        required=False, help_text="A scheduled change: ISO 8601 with a timezone, in the future. Once approved the job "
+                                  "waits until then; beat queues it, and it ends stale if the layout moved meanwhile.")
 
 
 class ApproveSerializer(serializers.Serializer):

@@ -6,7 +6,12 @@ PermissionDenied, so DRF answers it 403 on its own.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.core.exceptions import PermissionDenied
+
+if TYPE_CHECKING:
+    from console.jobs.shape_fit import LengthAdvice
 
 __all__ = ["Conflict", "EngineUnavailable", "InvalidProposal", "JobError", "JobNotFound", "NotAllowed",
            "PlanInfeasible"]
@@ -29,13 +34,16 @@ class InvalidProposal(JobError):
 
 
 class PlanInfeasible(InvalidProposal):
-    """The engine priced the plan and refused it; `reasons` are the engine's own."""
+    """The engine priced the plan and refused it; `reasons` are the engine's own. For a shape, `advice` is the
+    longest max_model_len that fits instead (console.jobs.shape_fit), said in the message too."""
 
     status_code = 422
 
-    def __init__(self, reasons: list[str]):
-        super().__init__("the plan is infeasible: " + ("; ".join(reasons) or "the engine gave no reason"), "target")
+    def __init__(self, reasons: list[str], advice: LengthAdvice | None = None):
+        message = "the plan is infeasible: " + ("; ".join(reasons) or "the engine gave no reason")
+        super().__init__(message + (f"; {advice.sentence()}" if advice is not None else ""), "target")
         self.reasons = list(reasons)
+        self.advice = advice
 
 
 class NotAllowed(JobError, PermissionDenied):

@@ -2,7 +2,8 @@
 
 The engine prices the plan (one parser and one pricing for everyone, solvers.plans); the console checks the
 body's shape first (so a malformed one gets a message without a round trip), then that the plan the engine
-answered hashes to its plan_hash, is for this request and this layout, and is feasible.
+answered hashes to its plan_hash, is for this request and this layout, and is feasible; a refused shape comes back
+with the longest max_model_len that would fit (console.jobs.shape_fit).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from console.jobs.choices import JobKind
 from console.jobs.engine_client import EngineClient, EngineError, EngineRefused, EngineUnreachable
 from console.jobs.errors import Conflict, EngineUnavailable, InvalidProposal, PlanInfeasible
+from console.jobs.shape_fit import advise_length
 from solvers.errors import SolverError
 from solvers.plans import verify_plan
 
@@ -71,7 +73,8 @@ def _field_of(message: str) -> str | None:
 
 def plan(kind: str, target: dict, seen: str | None, client: EngineClient | None) -> tuple[dict, str]:
     with _engine(client, "plan") as engine:
-        current = engine.state()["fingerprint"]
+        state = engine.state()
+        current = state["fingerprint"]
         if seen is not None and seen != current:
             raise Conflict(f"incumbent_fingerprint: the engine now runs layout {current}, not {seen[:40]}: "
                            "look at the current layout and plan again")
@@ -85,5 +88,7 @@ def plan(kind: str, target: dict, seen: str | None, client: EngineClient | None)
         raise EngineUnavailable("the engine answered with a plan for another request "
                                 f"({plan.get('kind')!r:.20} for {plan.get('incumbent_fingerprint')!r:.40})")
     if not reply.get("feasible") or not plan.get("predicted", {}).get("feasible", False):
-        raise PlanInfeasible([str(reason) for reason in reply.get("reasons") or plan["predicted"].get("reasons", [])])
+        advice = advise_length(plan["target"], state["cut"], state["shape"]) if kind == JobKind.SHAPE else None
+        raise PlanInfeasible([str(reason) for reason in reply.get("reasons") or plan["predicted"].get("reasons", [])],
+                             advice)
     return plan, plan_hash

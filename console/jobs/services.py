@@ -1,10 +1,13 @@
 """The one service layer for jobs: pages, the API and the worker all change jobs through these functions.
 
-    propose(user, body)            operator: ask the engine for a plan, store it with its hash and prediction
+    propose(user, body)            operator: ask the engine for a plan, store it with its hash and prediction (and
+                                   its `not_before`, for a scheduled change: console.jobs.schedule)
     revise(user, job, body=None)   the proposer: plan again; a new plan_hash dismisses every approval (rule 2)
     approve(user, job, plan_hash=) reviewer, never the proposer (rule 1), bound to the plan_hash seen (rule 2);
                                    counts unexpired approvals against SEAM_REQUIRED_APPROVALS (rule 3); the last
-                                   one needed moves the job approved -> queued and hands it to Celery on commit
+                                   one needed moves the job approved -> queued and hands it to Celery on commit,
+                                   or, for a job whose not_before lies ahead, leaves it approved
+    queue_due(now=None)            beat: scheduled jobs whose not_before has come, approved -> queued, handed over
     reject(user, job, reason=)     reviewer: proposed -> rejected; the engine is never asked
     cancel(user, job)              operator, own job, before it runs: -> cancelled
     (a refused propose, approve, reject or cancel is an audit event too: `job.<verb>_refused`, console.jobs.refusals)
@@ -13,14 +16,15 @@
 Every transition is compare-and-set on the status (an UPDATE filtered on the expected status, refused unless
 it changed exactly one row), so two reviewers, two workers or a worker and the reconciler cannot both win.
 Every transition records an audit event in the same transaction (console.audit.services.record; if that
-fails the change rolls back), and the live hook (events.publish_job_update) runs only after the commit.
+fails the change rolls back), and the live hook (events.publish_job_update) and the webhooks
+(console.jobs.webhooks) run only after the commit.
 Refusals raise console.jobs.errors (each with its HTTP status_code). The rules numbered above are the review
 gate's, docs/architecture.md §4.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import logging
 from functools import partial
 
 from django.conf import settings
@@ -28,7 +32,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.audit.services import record
-from console.jobs import planning
+from console.jobs import planning, schedule, webhooks
 from console.jobs.choices import CANCELLABLE, JobStatus
 from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict, InvalidProposal, JobError, NotAllowed
@@ -47,23 +51,28 @@ from console.jobs.transitions import (
     transition,
 )
 
+log = logging.getLogger("seam.jobs")
+
 # The worker's side lives in console.jobs.execution; it is named here too so that every caller goes through
 # this one module.
-__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "propose", "record_operation", "reject",
-           "report_progress", "required_approvals", "revise", "start"]
+__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "propose", "queue_due", "record_operation",
+           "reject", "report_progress", "required_approvals", "revise", "start"]
 
 # --- the operator's side -----------------------------------------------------------------------
 
 def propose(user, body: object, *, request_id: str | None = None, client: EngineClient | None = None) -> Job:
-    """Plan `{"kind", "target"[, "incumbent_fingerprint"]}` on the engine and store it as a proposed job.
+    """Plan `{"kind", "target"[, "incumbent_fingerprint"][, "not_before"]}` on the engine and store it as a proposed
+    job.
 
     The engine prices it against its current layout; an infeasible plan is refused with the engine's reasons
     and stores nothing. An `incumbent_fingerprint` in the body is the layout the operator looked at: if the
-    engine has moved on since, the proposal is refused rather than priced against a layout nobody saw.
+    engine has moved on since, the proposal is refused rather than priced against a layout nobody saw. A
+    `not_before` (ISO 8601 with a timezone, in the future) makes it a scheduled change.
     """
     try:
         require_role(user, OPERATOR, "proposing a job")
-        kind, target, seen = planning.parse_body(body)
+        plan_body, not_before = schedule.split_schedule(body)
+        kind, target, seen = planning.parse_body(plan_body)
         plan, plan_hash = planning.plan(kind, target, seen, client)
     except JobError as refusal:
         refuse_proposal(user, body_digest(body), refusal, request_id=request_id)
@@ -71,13 +80,15 @@ def propose(user, body: object, *, request_id: str | None = None, client: Engine
     with transaction.atomic():
         job = Job.objects.create(
             kind=kind, target=plan["target"], plan=plan, plan_hash=plan_hash, prediction=plan["predicted"],
-            proposer=user, proposer_name=user.get_username(), status=JobStatus.PROPOSED)
+            proposer=user, proposer_name=user.get_username(), status=JobStatus.PROPOSED, not_before=not_before)
         record(actor=user, action="job.proposed", subject=subject_of(job), request_id=request_id,
                payload={"kind": kind, "target": job.target, "plan_hash": plan_hash,
                         "incumbent_fingerprint": job.incumbent_fingerprint,
-                        "predicted_pool_tokens": job.prediction.get("pool_tokens")},
+                        "predicted_pool_tokens": job.prediction.get("pool_tokens"),
+                        "not_before": not_before.isoformat() if not_before else None},
                after={"status": JobStatus.PROPOSED})
         publish_on_commit(job)
+        transaction.on_commit(partial(webhooks.announce, job, None), robust=True)
     return job
 
 
@@ -146,7 +157,9 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
     """Record `user`'s approval of the plan they saw (`plan_hash`, default: the job's current one).
 
     When the unexpired approvals of the current plan reach SEAM_REQUIRED_APPROVALS, the job moves
-    proposed -> approved -> queued and is handed to the worker once the transaction commits.
+    proposed -> approved -> queued and is handed to the worker once the transaction commits; a job whose
+    not_before lies ahead stays approved until queue_due queues it then. An approval lasts SEAM_APPROVAL_TTL_S,
+    counted from the job's not_before when that is later (console.jobs.schedule.approval_expiry).
     """
     require_role(user, REVIEWER, "approving a job")
     job_id = job_id_of(job)
@@ -168,7 +181,7 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
         ttl_s = max(1, int(settings.SEAM_APPROVAL_TTL_S))
         approval = Approval.objects.create(job=job, reviewer=user, reviewer_name=user.get_username(),
                                            plan_hash=job.plan_hash, created=now,
-                                           expires_at=now + timedelta(seconds=ttl_s))
+                                           expires_at=schedule.approval_expiry(job, now, ttl_s))
         count, required = approvals_counting(job, now), required_approvals()
         record(actor=user, action="job.approval", subject=subject_of(job), request_id=request_id,
                payload={"plan_hash": job.plan_hash, "approval": approval.pk, "counting": count,
@@ -179,12 +192,42 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
         reviewers = sorted(Approval.objects.counting(job.plan_hash, now).filter(job=job)
                            .values_list("reviewer_name", flat=True).distinct())
         gate = {"plan_hash": job.plan_hash, "approvals": count, "required": required, "reviewers": reviewers}
-        transition(job.pk, JobStatus.PROPOSED, JobStatus.APPROVED, actor=user, request_id=request_id, payload=gate)
+        waits = schedule.waits(job, now)
+        if waits:
+            gate["scheduled_for"] = job.not_before.isoformat()
+        # The request id is kept from here, so a job beat queues later still carries the request that approved it.
         carried = carried_request_id(request_id)
+        job = transition(job.pk, JobStatus.PROPOSED, JobStatus.APPROVED, actor=user, request_id=request_id,
+                         payload=gate, request_id_field=carried)
+        if waits:
+            return job
         job = transition(job.pk, JobStatus.APPROVED, JobStatus.QUEUED, actor=user, request_id=request_id,
-                         payload={"plan_hash": job.plan_hash}, queued_at=now, request_id_field=carried)
+                         payload={"plan_hash": job.plan_hash}, queued_at=now)
         transaction.on_commit(partial(hand_off, job.pk, carried), robust=True)
     return job
+
+
+def queue_due(now=None) -> list[int]:
+    """Queue every approved job whose not_before has come (approved -> queued, compare-and-set: a job cancelled
+    meanwhile, or queued by another beat, is left alone) and hand each to the worker once that commits. Beat runs
+    this every SEAM_SCHEDULE_POLL_S (console.jobs.tasks.queue_scheduled_jobs). Returns the ids it queued."""
+    now = now or timezone.now()
+    queued = []
+    due = (Job.objects.filter(status=JobStatus.APPROVED, not_before__lte=now).order_by("not_before", "pk")
+           .values_list("pk", "not_before", "request_id"))
+    for job_id, not_before, request_id in due:
+        carried = carried_request_id(request_id)
+        try:
+            with transaction.atomic():
+                transition(job_id, JobStatus.APPROVED, JobStatus.QUEUED, actor=None, request_id=carried,
+                           payload={"scheduled_for": not_before.isoformat()}, queued_at=timezone.now(),
+                           request_id_field=carried)
+                transaction.on_commit(partial(hand_off, job_id, carried), robust=True)
+        except JobError as lost_race:
+            log.info("scheduled job %s not queued: %s", job_id, lost_race)
+            continue
+        queued.append(job_id)
+    return queued
 
 
 @records_refusals("reject")

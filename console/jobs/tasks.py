@@ -1,14 +1,16 @@
-"""Celery tasks: run one job, settle what dead workers left behind, watch the engine's layout. The logic is in
-console.jobs.worker and console.jobs.layout_watch."""
+"""Celery tasks: run one job, settle what dead workers left behind, watch the engine's layout, queue scheduled jobs
+that are due, deliver webhooks. The logic is in console.jobs.worker, console.jobs.layout_watch,
+console.jobs.services and console.jobs.webhooks (which declares its own task, named here so the worker loads it)."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
 from console.audit.request_id import bind_request_id, is_sane_request_id
-from console.jobs import layout_watch, worker
+from console.jobs import layout_watch, services, worker
+from console.jobs.webhooks import deliver as deliver_webhook
 
-__all__ = ["reconcile_jobs", "run_job", "watch_engine_layout"]
+__all__ = ["deliver_webhook", "queue_scheduled_jobs", "reconcile_jobs", "run_job", "watch_engine_layout"]
 
 
 @shared_task(name="console.jobs.tasks.run_job", bind=True, ignore_result=True, acks_late=True)
@@ -28,3 +30,9 @@ def reconcile_jobs(older_than_s: float | None = None) -> list[list]:
 def watch_engine_layout() -> str:
     """Audit (once) a layout change of the engine that no job of the console caused."""
     return layout_watch.watch()
+
+
+@shared_task(name="console.jobs.tasks.queue_scheduled_jobs", ignore_result=True)
+def queue_scheduled_jobs() -> list[int]:
+    """Queue the approved jobs whose not_before has come (beat, every SEAM_SCHEDULE_POLL_S)."""
+    return services.queue_due()

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from console.audit.request_id import current_request_id, is_sane_request_id
 from console.audit.services import record
+from console.jobs import webhooks
 from console.jobs.choices import TERMINAL, can_move
 from console.jobs.errors import Conflict, JobError, JobNotFound, NotAllowed
 from console.jobs.events import publish_job_update
@@ -23,7 +24,8 @@ __all__ = ["carried_request_id", "get_job", "job_id_of", "lost", "pool_of", "pub
 
 def transition(job_id: int, expected: str, to: str, *, actor, request_id: str | None = None,
                payload: dict | None = None, request_id_field: str | None = None, **fields) -> Job:
-    """Compare-and-set `expected` -> `to`, record the audit event, publish on commit; Conflict if it lost."""
+    """Compare-and-set `expected` -> `to`, record the audit event; on commit publish it to the live pages and send
+    its webhooks. Conflict if it lost."""
     if not can_move(expected, to):
         raise Conflict(f"a job cannot move from {expected} to {to}")
     if request_id_field is not None:
@@ -37,6 +39,7 @@ def transition(job_id: int, expected: str, to: str, *, actor, request_id: str | 
                payload={"plan_hash": job.plan_hash, **(payload or {})},
                before={"status": expected}, after={"status": to})
         publish_on_commit(job)
+        transaction.on_commit(partial(webhooks.announce, job, expected), robust=True)
     return job
 
 

@@ -31,6 +31,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from console.calibration import recording
 from console.jobs import layout_watch, services
 from console.jobs.attestation import CannotAttest, attest
 from console.jobs.choices import JobStatus
@@ -197,6 +198,7 @@ def _ended_on_engine(job: Job, engine: EngineClient, operation: Operation, recon
     watch does not take the job's own change for one nobody explains."""
     ending = _end(job, operation["status"], operation.get("error") or "", operation, reconciled=reconciled)
     layout_watch.note_job_end(job, engine)
+    recording.note_job_end(job, engine)  # never raises: the job has ended as the engine said
     return ending
 
 

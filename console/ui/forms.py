@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from django import forms
+from django.conf import settings
 from django.db.models import QuerySet
 
 from console.jobs.choices import JobKind
 
-__all__ = ["AuditFilterForm", "ProposeForm"]
+__all__ = ["SHAPE_FIELDS", "AuditFilterForm", "ProposeForm"]
 
 SHAPE_NUMBERS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
+SHAPE_FIELDS = (*SHAPE_NUMBERS, "kv_dtype")
 
 
 def _layers(name: str, text: str) -> list[int]:
@@ -21,9 +23,11 @@ def _layers(name: str, text: str) -> list[int]:
 
 
 class ProposeForm(forms.Form):
-    """A cut change (`cut`), a shape change (any shape field) or a ladder move (`rung`).
+    """A cut change (`cut`), a shape change (any shape field) or a ladder move (`rung`), optionally scheduled
+    (`not_before`, a local date and time read in the server's time zone, settings.TIME_ZONE).
 
-    Only the body's form is checked here; the service and the engine judge the plan itself.
+    Only the body's form is checked here; the service and the engine judge the plan itself (and the service whether
+    `not_before` lies ahead).
     """
 
     kind = forms.ChoiceField(choices=JobKind.choices, initial=JobKind.CUT)
@@ -33,6 +37,10 @@ class ProposeForm(forms.Form):
     max_num_seqs = forms.IntegerField(required=False, min_value=1)
     max_num_batched_tokens = forms.IntegerField(required=False, min_value=1)
     kv_dtype = forms.CharField(required=False, max_length=32, help_text="e.g. fp8, bf16; empty keeps it")
+    not_before = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text=f"server time ({settings.TIME_ZONE}); once approved the job waits until then. Empty: it runs once "
+                  "approved")
     # The layout the prediction was made for: proposing is refused if the engine has moved on since.
     incumbent_fingerprint = forms.CharField(required=False, max_length=128, widget=forms.HiddenInput)
 
@@ -57,6 +65,8 @@ class ProposeForm(forms.Form):
         data["body"] = {"kind": kind, "target": target}
         if data.get("incumbent_fingerprint"):
             data["body"]["incumbent_fingerprint"] = data["incumbent_fingerprint"]
+        if data.get("not_before"):  # aware, in the server's time zone: the service takes ISO 8601 with its offset
+            data["body"]["not_before"] = data["not_before"].isoformat()
         return data
 
 

@@ -9,6 +9,8 @@ import redis
 from django.conf import settings
 
 from console.live.bridge import telemetry_keys
+from solvers.errors import SolverError
+from solvers.measurement import STEP_KINDS, LayoutMeasurement
 
 __all__ = ["HISTORY", "Telemetry", "read_telemetry", "summary"]
 
@@ -64,4 +66,31 @@ def summary(snapshot: dict) -> dict:
         "binding_rank": engine.get("binding_rank"),
         "phase": engine.get("phase", ""),
         "shape": engine.get("shape") or {},
+        "fingerprint": engine.get("fingerprint") or "",
+        **measured(engine.get("measurement"), [rank.get("name", "") for rank in snapshot["ranks"]]),
     }
+
+
+def measured(raw: object, rank_names: list[str]) -> dict:
+    """What the engine measured of its layout (engine.measurement, solvers/measurement.py): model, rig, each rank's
+    stage medians and spread per kind of step, and the latency medians. `stages` is empty while the window has no
+    steps, `latency` None while no request has finished: the page says "not measured yet"."""
+    if raw is None:
+        return {"model": "", "rig": "", "stages": [], "latency": None, "measurement_error": None}
+    try:
+        measurement = LayoutMeasurement.from_dict(raw)
+    except SolverError as error:
+        return {"model": "", "rig": "", "stages": [], "latency": None, "measurement_error": str(error)}
+    stages = []
+    if any(measurement.stats(kind).steps for kind in STEP_KINDS):
+        for rank in range(len(measurement.cut)):
+            row = {"rank": rank, "name": rank_names[rank] if rank < len(rank_names) else ""}
+            for kind in STEP_KINDS:
+                stats = measurement.stats(kind)
+                row[kind] = None if stats.median_ms is None else {"median_ms": stats.median_ms[rank],
+                                                                  "spread_ms": stats.spread_ms[rank]}
+            stages.append(row)
+    latency = measurement.latency if measurement.latency.requests else None
+    return {"model": measurement.model, "rig": measurement.rig, "fingerprint": measurement.fingerprint,
+            "stages": stages, "steps": {kind: measurement.stats(kind).steps for kind in STEP_KINDS},
+            "latency": latency, "measurement_error": None}

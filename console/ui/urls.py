@@ -3,7 +3,7 @@
 from django.urls import path, register_converter
 from django.urls.converters import IntConverter
 
-from console.ui.views import audit, dashboard, frontier, job_actions, job_new, jobs
+from console.ui.views import audit, calibration, dashboard, frontier, job_actions, job_new, jobs
 
 
 class JobIdConverter(IntConverter):
@@ -17,6 +17,8 @@ register_converter(JobIdConverter, "job_id")
 urlpatterns = [
     path("", dashboard.dashboard, name="dashboard"),
     path("frontier/", frontier.frontier, name="frontier"),
+    path("calibration/", calibration.calibration, name="calibration"),
+    path("predictions/", calibration.predictions, name="predictions"),
     path("jobs/", jobs.job_list, name="jobs"),
     path("jobs/new/", job_new.job_new, name="job-new"),
     path("jobs/<job_id:job_id>/", jobs.job_detail, name="job"),

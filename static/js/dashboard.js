@@ -31,7 +31,67 @@ function summary(snapshot) {
     bindingRank: engine.binding_rank ?? "—",
     phase: engine.phase || "—",
     shape: engine.shape || {},
+    ...measured(engine, snapshot.ranks),
   };
+}
+
+const STEP_KINDS = ["decode", "prefill"];
+
+// What the engine measured of its layout (engine.measurement: solvers/measurement.py LayoutMeasurement), as
+// console/ui/telemetry.py measured() reads it: stages stay empty while the window has no steps, latency null while
+// no request has finished.
+function measured(engine, ranks) {
+  const m = engine.measurement;
+  if (!m || typeof m !== "object") {
+    return { model: "", rig: "", fingerprint: engine.fingerprint || "", stages: [], steps: {}, latency: null };
+  }
+  const steps = Object.fromEntries(STEP_KINDS.map((kind) => [kind, (m[kind] || {}).steps || 0]));
+  const stages = [];
+  if (STEP_KINDS.some((kind) => steps[kind])) {
+    (m.cut || []).forEach((_layers, rank) => {
+      const row = { rank, name: (ranks[rank] || {}).name || "" };
+      for (const kind of STEP_KINDS) {
+        const stats = m[kind] || {};
+        row[kind] = stats.median_ms ? { median: stats.median_ms[rank], spread: stats.spread_ms[rank] } : null;
+      }
+      stages.push(row);
+    });
+  }
+  const latency = m.latency && m.latency.requests ? m.latency : null;
+  return { model: m.model || "", rig: m.rig || "", fingerprint: m.fingerprint || "", stages, steps, latency };
+}
+
+const ms = (value) => (value == null ? "not measured yet" : `${value.toFixed(2)} ms`);
+const spread = (cell) => (cell ? `${cell.median.toFixed(2)} ± ${cell.spread.toFixed(2)}` : "—");
+
+function renderMeasured(figures) {
+  byId("engine-model").textContent = figures.model || "—";
+  byId("engine-rig").textContent = figures.rig || "—";
+  byId("engine-fingerprint").textContent = figures.fingerprint || "—";
+  const latency = figures.latency;
+  byId("latency-ttft").textContent = ms(latency && latency.ttft_ms);
+  byId("latency-itl").textContent = ms(latency && latency.itl_ms);
+  const requests = latency ? latency.requests : 0;
+  byId("latency-requests").textContent = `${requests} recent request${requests === 1 ? "" : "s"}`;
+  byId("stages-not-measured").hidden = figures.stages.length > 0;
+  byId("stage-table").hidden = figures.stages.length === 0;
+  for (const kind of STEP_KINDS) byId(`${kind}-steps`).textContent = `(${figures.steps[kind] || 0} steps)`;
+  byId("stage-rows").replaceChildren(...figures.stages.map((row) => {
+    const tr = document.createElement("tr");
+    tr.dataset.testid = "stage-row";
+    tr.dataset.rank = row.rank;
+    const label = document.createElement("td");
+    label.textContent = `rank ${row.rank} ${row.name}`;
+    tr.append(label);
+    for (const kind of STEP_KINDS) {
+      const cell = document.createElement("td");
+      cell.className = "num";
+      cell.dataset.testid = `stage-${kind}`;
+      cell.textContent = spread(row[kind]);
+      tr.append(cell);
+    }
+    return tr;
+  }));
 }
 
 function setTokens(id, value) {
@@ -58,6 +118,7 @@ function render(snapshot) {
   meter.max = Math.max(figures.kvTotal, 1);
   meter.value = figures.kvUsed;
   byId("binding-rank").textContent = figures.bindingRank;
+  renderMeasured(figures);
   renderRankBars(byId("rank-bars"), snapshot);
 }
 

@@ -1,21 +1,59 @@
-// The frontier chart: pipelined speedup against pool tokens, the incumbent marked, the noise-floor band shaded;
-// hovering shows a point's figures and clicking one opens a proposal for its cut.
+// The frontier chart: pipelined speedup against pool tokens, the incumbent marked, the noise-floor band shaded,
+// each point's speedup interval from the fitted timing drawn as an error bar (and a measured cut's measured pool as
+// a horizontal one); hovering shows a point's figures and clicking one opens a proposal for its cut.
 
 const data = JSON.parse(document.getElementById("frontier-data").textContent);
-const { frontier, noise_floor: noiseFloor, propose_url: proposeUrl } = data;
+const { frontier, propose_url: proposeUrl } = data;
+const noiseFloor = frontier.noise_floor;
+const floorSource = frontier.noise_floor_source === "measured" ? "measured" : "rig's";
 
 const hover = [
   "cut %{customdata[0]}", "attention split %{customdata[1]}", "pool %{x:,} tokens (binds: rank %{customdata[2]})",
-  "× pipelined %{y:.3f}, × serial %{customdata[3]:.3f}", "provenance: %{customdata[4]}", "<extra></extra>",
+  "× pipelined %{y:.3f} (interval %{customdata[5]}), × serial %{customdata[3]:.3f}", "provenance: %{customdata[4]}",
+  "measured: %{customdata[6]}", "<extra></extra>",
 ].join("<br>");
+
+function interval(point) {
+  const bounds = point.x_pipelined_interval;
+  if (!bounds) return "none: nothing measured";
+  return `${bounds[0].toFixed(3)}–${bounds[1] === null ? "unbounded" : bounds[1].toFixed(3)}`;
+}
+
+function measured(point) {
+  const seen = point.measured;
+  if (!seen) return "not measured";
+  const stages = seen.stage_ms ? `stage ms ${seen.stage_ms.join(", ")} (${seen.samples} samples)` : "no decode steps";
+  return `${stages}, pool ${seen.pool_tokens ?? "not at this shape"}`;
+}
+
+// Plotly's error bars are distances from the point: up to the interval's high end (none when unbounded) and down
+// to its low end.
+function errorY(points) {
+  const bounds = points.map((point) => point.x_pipelined_interval);
+  return {
+    type: "data", symmetric: false, visible: bounds.some((b) => b !== null), color: "#7a8699", thickness: 1.2,
+    array: bounds.map((b, i) => (b && b[1] !== null ? b[1] - points[i].x_pipelined : 0)),
+    arrayminus: bounds.map((b, i) => (b ? points[i].x_pipelined - b[0] : 0)),
+  };
+}
+
+// A measured cut's allocated pool against the priced one, when they differ.
+function errorX(points) {
+  const gaps = points.map((point) => (point.measured && point.measured.pool_tokens !== null
+    ? point.measured.pool_tokens - point.pool_tokens : 0));
+  return {
+    type: "data", symmetric: false, visible: gaps.some((gap) => gap !== 0), color: "#27ae60", thickness: 1.2,
+    array: gaps.map((gap) => Math.max(gap, 0)), arrayminus: gaps.map((gap) => Math.max(-gap, 0)),
+  };
+}
 
 function trace(points, name, marker, mode) {
   return {
-    type: "scatter", mode, name, marker, hovertemplate: hover,
+    type: "scatter", mode, name, marker, hovertemplate: hover, error_y: errorY(points), error_x: errorX(points),
     x: points.map((point) => point.pool_tokens),
     y: points.map((point) => point.x_pipelined),
     customdata: points.map((point) => [point.cut.join(","), point.attention_split.join(","),
-      point.binding_rank ?? "none", point.x_serial, point.provenance]),
+      point.binding_rank ?? "none", point.x_serial, point.provenance, interval(point), measured(point)]),
   };
 }
 
@@ -35,7 +73,7 @@ const layout = {
   }],
   annotations: [{
     xref: "paper", x: 1, xanchor: "right", yref: "y", y: 1 + noiseFloor, yanchor: "bottom", showarrow: false,
-    text: `noise floor ±${Math.round(noiseFloor * 1000) / 10}%`, font: { size: 11, color: "#5d6778" },
+    text: `noise floor ±${Math.round(noiseFloor * 1000) / 10}% (${floorSource})`, font: { size: 11, color: "#5d6778" },
   }],
 };
 

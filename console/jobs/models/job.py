@@ -37,6 +37,9 @@ class Job(models.Model):
     task_id = models.CharField(max_length=255, blank=True, default="")
     worker = models.CharField(max_length=255, blank=True, default="")
     queued_at = models.DateTimeField(null=True, blank=True)
+    # A scheduled change: once approved it waits `approved` until then, when beat queues it (console.jobs.schedule).
+    not_before = models.DateTimeField(null=True, blank=True,
+                                      help_text="Run no earlier than this; null runs as soon as it is approved.")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -1,4 +1,5 @@
-"""Template helpers for the pages: the user's roles, plans as readable JSON, cuts as comma lists, subject links."""
+"""Template helpers for the pages: the user's roles, plans and audit details as readable JSON, cuts as comma lists,
+subject links."""
 
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ def user_roles(user) -> str:
 @register.filter
 def pretty_json(value) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
+
+
+@register.filter
+def event_json(event) -> str:
+    """An audit event's details whole, as indented JSON: its payload, then its before and after where it has them."""
+    details = {"payload": event.payload}
+    details.update({name: getattr(event, name) for name in ("before", "after") if getattr(event, name)})
+    return json.dumps(details, indent=2, ensure_ascii=False)
 
 
 @register.filter

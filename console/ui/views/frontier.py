@@ -22,7 +22,8 @@ def frontier(request):
     rows = [{"point": point, "incumbent": point["cut"] == incumbent["cut"]} for point in points]
     if not any(row["incumbent"] for row in rows):
         rows.insert(0, {"point": incumbent, "incumbent": True})
+    # The noise floor the frontier used: measured from repeats of one layout once there are enough, else the rig's.
     return render(request, "ui/frontier.html", {
-        "frontier": computed, "rows": rows, "noise_floor": rig.noise_floor,
-        "chart": {"frontier": computed, "noise_floor": rig.noise_floor, "propose_url": reverse("job-new")},
+        "frontier": computed, "rows": rows, "noise_floor": computed["noise_floor"],
+        "chart": {"frontier": computed, "noise_floor": computed["noise_floor"], "propose_url": reverse("job-new")},
     })

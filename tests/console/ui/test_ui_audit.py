@@ -1,5 +1,6 @@
-"""Audit page: newest first, filters, chain verification and the JSON-lines export."""
+"""Audit page: newest first, filters, details whole as JSON, chain verification and the JSON-lines export."""
 
+import html
 import json
 import re
 from datetime import timedelta
@@ -103,3 +104,26 @@ def test_export_of_everything_matches_the_chain(browse, viewer, events):
     response = browse(viewer).get("/audit/export/")
     lines = [json.loads(line) for line in b"".join(response.streaming_content).decode().splitlines()]
     assert [line["hash"] for line in lines] == list(AuditEvent.objects.order_by("seq").values_list("hash", flat=True))
+
+
+def details(page: str) -> dict[int, dict]:
+    """Each row's details cell, parsed back from the page: seq -> the JSON shown."""
+    rows = re.findall(r'data-testid="audit-row" data-seq="(\d+)">.*?<pre data-testid="audit-details">(.*?)</pre>',
+                      page, re.S)
+    return {int(seq): json.loads(html.unescape(shown)) for seq, shown in rows}
+
+
+def test_details_are_shown_whole_as_indented_json(browse, viewer, make_user):
+    actor = make_user("operator", name="long-winded")
+    payload = {"reason": "x" * 400, "nested": {"reviewers": ["rita", "rolf"], "ratio": 1.25, "none": None},
+               "quote": '<script>alert("no")</script>', "accent": "Zoë"}
+    record(actor=actor, action="job.rejected", subject="job:9", payload=payload,
+           before={"status": "proposed"}, after={"status": "rejected"})
+    record(actor=actor, action="test.bare", subject="page", payload={"n": 1})
+    page = browse(viewer).get("/audit/").content.decode()
+    shown = details(page)
+    assert shown[1] == {"payload": payload, "before": {"status": "proposed"}, "after": {"status": "rejected"}}
+    assert shown[2] == {"payload": {"n": 1}}  # no before or after: none shown
+    assert '>{\n  "payload": {\n    "' in html.unescape(page)  # indented, one key a line
+    assert "<script>alert" not in page and "&lt;script&gt;" in page  # escaped, never markup
+    assert "Zoë" in page and "{'reason'" not in page  # JSON, not a Python repr

@@ -95,3 +95,64 @@ def test_a_corrupt_snapshot_is_reported_not_rendered(browse, viewer, channel):
     response = browse(viewer).get("/")
     assert response.status_code == 200
     assert "is not a telemetry snapshot" in response.content.decode()
+
+
+def measurement(decode_steps=12, requests=5) -> dict:
+    """engine.measurement as the engine sends it (solvers/measurement.py LayoutMeasurement.to_dict())."""
+    def stats(steps, medians, spreads):
+        return {"steps": steps, "median_tokens": 1.0 if steps else None,
+                "median_ms": medians if steps else None, "spread_ms": spreads if steps else None}
+    return {"model": "demo-hybrid-16", "rig": "cpu-demo", "fingerprint": "0123456789abcdef", "cut": [8, 4, 4],
+            "shape": {"max_model_len": 2048, "max_num_seqs": 8}, "decode": stats(decode_steps, [12.345, 6.5, 4.0],
+                                                                                [0.5, 0.25, 0.1]),
+            "prefill": stats(0, None, None), "decode_tok_s": 33.0, "prefill_tok_s": 120.5,
+            "pool": {"predicted": 17056, "allocated": 17056, "real": 17056},
+            "latency": {"requests": requests, "ttft_ms": 81.5 if requests else None,
+                        "itl_ms": 12.25 if requests else None}}
+
+
+def with_measurement(seq: int, measured: object) -> dict:
+    snap = snapshot(seq)
+    snap["engine"]["fingerprint"] = "0123456789abcdef"
+    snap["engine"]["measurement"] = measured
+    return snap
+
+
+def text_of(page: str, testid: str) -> str:
+    return re.search(rf'data-testid="{testid}"[^>]*>([^<]*)<', page).group(1).strip()
+
+
+def stage_rows(page: str) -> list[tuple[str, str, str]]:
+    return re.findall(r'data-testid="stage-row" data-rank="(\d+)">.*?data-testid="stage-decode">([^<]*)<.*?'
+                      r'data-testid="stage-prefill">([^<]*)<', page, re.S)
+
+
+def test_dashboard_shows_model_rig_fingerprint_stage_times_and_latency(browse, viewer, channel):
+    publish(channel, with_measurement(7, measurement()))
+    page = browse(viewer).get("/").content.decode()
+    assert text_of(page, "engine-model") == "demo-hybrid-16"
+    assert text_of(page, "engine-rig") == "cpu-demo"
+    assert text_of(page, "engine-fingerprint") == "0123456789abcdef"
+    # decode: median ± spread per rank; prefill had no steps in the window
+    assert stage_rows(page) == [("0", "12.35 ± 0.50", "—"), ("1", "6.50 ± 0.25", "—"), ("2", "4.00 ± 0.10", "—")]
+    assert 'data-testid="stages-not-measured" id="stages-not-measured" hidden' in page
+    assert text_of(page, "latency-ttft") == "81.50 ms" and text_of(page, "latency-itl") == "12.25 ms"
+
+
+@pytest.mark.parametrize("measured", [None, measurement(decode_steps=0, requests=0)], ids=["absent", "no-steps"])
+def test_dashboard_says_not_measured_yet(browse, viewer, channel, measured):
+    publish(channel, with_measurement(8, measured))
+    page = browse(viewer).get("/").content.decode()
+    assert stage_rows(page) == []
+    assert 'data-testid="stages-not-measured" id="stages-not-measured">' in page  # shown, not hidden
+    assert text_of(page, "latency-ttft") == text_of(page, "latency-itl") == "not measured yet"
+    assert text_of(page, "engine-fingerprint") == "0123456789abcdef"
+
+
+def test_a_malformed_measurement_is_named_not_a_500(browse, viewer, channel):
+    broken = measurement()
+    broken["decode"]["median_ms"] = [1.0]  # one rank's figure for a three-rank cut
+    publish(channel, with_measurement(9, broken))
+    response = browse(viewer).get("/")
+    assert response.status_code == 200
+    assert "measurement.decode" in text_of(response.content.decode(), "measurement-error")

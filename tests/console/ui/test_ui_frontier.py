@@ -4,8 +4,15 @@ import json
 import re
 
 import pytest
+from live_service import free_port
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_engine(settings):
+    """Nothing listens at the engine's URL: the frontier is the rig's (with an engine: tests/console/calibration)."""
+    settings.ENGINE_URL = f"http://127.0.0.1:{free_port()}"
 
 
 def rows(page: str) -> list[tuple[str, bool]]:
@@ -49,7 +56,8 @@ def test_noise_floor_and_local_plotly(browse, viewer, settings):
     page = browse(viewer).get("/frontier/").content.decode()
     chart = json.loads(re.search(r'<script id="frontier-data" type="application/json">(.*?)</script>', page,
                                  re.S).group(1))
-    assert 0 < chart["noise_floor"] < 1 and chart["propose_url"] == "/jobs/new/"
+    assert chart["noise_floor"] == chart["frontier"]["noise_floor"] == 0.141 and chart["propose_url"] == "/jobs/new/"
+    assert 'data-testid="noise-floor-source" data-source="rig"' in page
     assert 'id="frontier-chart"' in page and 'src="/static/plotly/plotly.min.js"' in page
 
 

@@ -1,8 +1,11 @@
 """Jobs list: newest first, filterable by status, a "New job" link for operators only."""
 
 import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
+from job_helpers import other_cut
 
 from console.jobs import services
 
@@ -31,3 +34,16 @@ def test_only_operators_are_offered_a_new_job(browse, viewer, operator, reviewer
 
 def test_an_empty_list_says_so(browse, viewer):
     assert "No jobs" in browse(viewer).get("/jobs/").content.decode()
+
+
+def test_a_scheduled_job_shows_when_it_may_run(browse, viewer, operator, live_engine, propose_cut):
+    when = (timezone.now() + timedelta(hours=5)).replace(microsecond=0)
+    scheduled = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
+                                            "not_before": when.isoformat()})
+    plain = propose_cut()
+    client = browse(viewer)
+    page = client.get("/jobs/").content.decode()
+    shown = dict(re.findall(r'data-job-id="(\d+)">.*?data-testid="job-not-before">(.*?)</td>', page, re.S))
+    assert when.strftime("%Y-%m-%d %H:%M:%S") in shown[str(scheduled.pk)] and shown[str(plain.pk)] == "—"
+    detail = client.get(f"/jobs/{scheduled.pk}/").content.decode()
+    assert re.search(rf'data-testid="job-not-before"><time datetime="{re.escape(when.isoformat())}">', detail)

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class CalibrationConfig(AppConfig):
+    name = "console.calibration"
+    label = "calibration"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,104 @@
+"""With the real engine (the session's, three CPU ranks): two cut changes run as real jobs (propose -> approve ->
+execute in this process, as tests/console/jobs/test_execution.py does), with completions sent at each layout and a
+measurement recorded there. Afterwards the frontier's incumbent is the engine's running cut, calibration reports the
+ranks the changes moved as identified, and the predictions list both jobs with the measured pool equal to the
+predicted one. The engine is shared: the cuts are chosen relative to whatever layout it runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from console.calibration import recording
+from console.calibration.models import JobPrediction, MeasuredLayout
+from console.jobs import services, worker
+from console.jobs.models import Job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16, 17, 18]]
+
+
+def moved(engine, cut: list[int], ranks: tuple[int, int], seen: list[list[int]]) -> list[int]:
+    """A feasible cut not seen yet that moves one layer between `ranks` (either way)."""
+    low, high = ranks
+    for delta in (1, -1):
+        candidate = list(cut)
+        candidate[low] += delta
+        candidate[high] -= delta
+        if min(candidate) >= 1 and candidate not in seen and engine.plan("cut", {"cut": candidate})["feasible"]:
+            return candidate
+    raise AssertionError(f"no feasible cut moving ranks {ranks} from {cut}")
+
+
+def serve_and_measure(engine) -> MeasuredLayout:
+    """Send completions to the engine, then record what it measured of its layout, as beat does."""
+    for prompt in PROMPTS:
+        assert len(engine.complete(prompt, 12)) == 12
+    outcome = recording.measure()
+    assert outcome.startswith("measured layout"), outcome
+    return MeasuredLayout.objects.first()
+
+
+def run_job(operator, reviewer, cut: list[int]) -> Job:
+    job = services.propose(operator, {"kind": "cut", "target": {"cut": cut}})
+    services.approve(reviewer, job)
+    assert worker.execute(job.pk, worker="w-calibration") == "succeeded", Job.objects.get(pk=job.pk).error
+    return Job.objects.get(pk=job.pk)
+
+
+def test_two_cut_changes_identify_the_ranks_they_moved(live_engine, operator, reviewer, handoffs, settings, get,
+                                                       viewer):
+    settings.SEAM_MEASURE_S = 0  # beat's bound between periodic rows; the test measures when it has served
+    start = live_engine.state()["cut"]
+    first_row = serve_and_measure(live_engine)
+    assert first_row.cut == start and first_row.decode_steps > 0
+
+    first = moved(live_engine, start, (0, 1), [start])
+    first_job = run_job(operator, reviewer, first)
+    state = live_engine.state()
+    assert state["cut"] == first
+    frontier = get("/api/v1/frontier/", user=viewer)
+    assert frontier["incumbent"]["cut"] == state["cut"] and frontier["incumbent_source"] == "engine"
+    assert frontier["incumbent"]["pool_tokens"] == state["pool_tokens"]  # priced at the engine's own shape
+    assert frontier["shape"] == state["shape"] and frontier["engine"]["model"] == state["model"]
+    assert frontier["incumbent"]["provenance"] == "measured"  # the job's end recorded it
+    serve_and_measure(live_engine)
+    calibration = get("/api/v1/calibration/", user=viewer)
+    assert [rank["identified"] for rank in calibration["ranks"]] == [True, True, False]  # the first moved 0 and 1
+    [arms] = calibration["arms"]
+    assert arms["rank"] == 2 and arms["from"] == first
+    assert {arm["delta_layers"] for arm in arms["arms"]} == {1, -1}  # both ways
+    assert all(arm["propose_url"] == f"/jobs/new/?kind=cut&cut={','.join(map(str, arm['cut']))}"
+               for arm in arms["arms"])
+
+    second = moved(live_engine, first, (1, 2), [start, first])
+    second_job = run_job(operator, reviewer, second)
+    assert live_engine.state()["cut"] == second
+    serve_and_measure(live_engine)
+
+    calibration = get("/api/v1/calibration/", user=viewer)
+    cuts = [start, first, second]
+    moved_ranks = [rank for rank in range(3) if len({cut[rank] for cut in cuts}) > 1]
+    assert moved_ranks == [0, 1, 2]
+    assert calibration["incumbent"] == second and calibration["incumbent_source"] == "engine"
+    assert [rank["rank"] for rank in calibration["ranks"] if rank["identified"]] == moved_ranks
+    assert calibration["unidentified"] == [] and calibration["arms"] == []
+    assert calibration["samples"] == 3 and sorted(calibration["cuts"]) == sorted(cuts)
+
+    body = get("/api/v1/predictions/", user=viewer)
+    rows = {row["job"]: row for row in body["results"]}
+    assert [row["job"] for row in body["results"]] == [second_job.pk, first_job.pk]
+    for job, before, after in ((first_job, start, first), (second_job, first, second)):
+        row = rows[job.pk]
+        assert row["layout_diff"] == f"{','.join(map(str, before))} -> {','.join(map(str, after))}"
+        assert row["comparable"] and row["pool"]["measured"] == row["pool"]["predicted"] == job.prediction[
+            "pool_tokens"]
+        assert row["pool"]["error"] == 0.0
+        assert len(row["stage_ms"]["predicted"]) == 3 and len(row["stage_ms"]["measured"]) == 3
+        assert row["decode_tok_s"] > 0 and row["speedup"]["predicted"] > 0 and row["speedup"]["measured"] > 0
+    assert rows[first_job.pk]["timing"] == {"source": "measured", "samples": 1}
+    assert rows[second_job.pk]["timing"] == {"source": "measured", "samples": 2}
+    assert body["summary"]["pool_error"] == {"jobs": 2, "mean": 0.0, "max": 0.0, "last": 0.0}
+    assert JobPrediction.objects.filter(measurement__isnull=False).count() == 2
+    assert set(MeasuredLayout.objects.filter(source="job_end").values_list("job", flat=True)) == {
+        first_job.pk, second_job.pk}
