@@ -71,7 +71,10 @@ def take(folder: Path) -> list[Path]:
             wait_for_seq_above(operator, int(operator.inner_text("[data-testid=telemetry-seq]")) + 2)
             time.sleep(6)
             operator.screenshot(path=folder / "dashboard.png", full_page=True)
-    return [folder / name for name in ("dashboard.png", "frontier.png", "job.png")]
+        for page in ("calibration", "predictions"):
+            operator.goto(f"{stack.url}/{page}/")
+            operator.screenshot(path=folder / f"{page}.png", full_page=True)
+    return [folder / name for name in ("dashboard.png", "frontier.png", "job.png", "calibration.png", "predictions.png")]
 
 
 if __name__ == "__main__":
