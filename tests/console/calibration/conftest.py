@@ -11,16 +11,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.test import Client
-from rest_framework.test import APIClient
 
-_spec = importlib.util.spec_from_file_location(
-    "seam_jobs_conftest_for_calibration", Path(__file__).resolve().parents[1] / "jobs" / "conftest.py")
-_jobs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_jobs)
 
-demo_checkpoint, engine, live_engine = _jobs.demo_checkpoint, _jobs.engine, _jobs.live_engine
-make_user, operator, reviewer, handoffs = _jobs.make_user, _jobs.operator, _jobs.reviewer, _jobs.handoffs
+def _load(name: str, folder: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / folder / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The API tests' fixtures (which load the job tests' engine, users and handoffs) and the page tests' client.
+_api = _load("seam_api_conftest_for_calibration", "api")
+demo_checkpoint, engine, live_engine = _api.demo_checkpoint, _api.engine, _api.live_engine
+make_user, operator, reviewer, viewer, handoffs = _api.make_user, _api.operator, _api.reviewer, _api.viewer, \
+    _api.handoffs
+get = _api.get
+browse = _load("seam_ui_conftest_for_calibration", "ui").browse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,36 +50,3 @@ def seed(db):
 def dead_engine(settings):
     settings.ENGINE_URL = f"http://127.0.0.1:{free_port()}"
     return settings.ENGINE_URL
-
-
-def _call(method, url, data=None, *, user=None, expect=200, **extra):
-    client = APIClient()
-    if user is not None:
-        client.force_authenticate(user)
-    response = getattr(client, method)(url, data, **extra)
-    assert response.status_code == expect, (response.status_code, getattr(response, "content", b"")[:2000])
-    if response.get("Content-Type", "").startswith("application/json"):
-        return response.json()
-    return response
-
-
-@pytest.fixture
-def get():
-    def call(url, data=None, *, user=None, expect=200, **extra):
-        return _call("get", url, data, user=user, expect=expect, **extra)
-    return call
-
-
-@pytest.fixture
-def viewer(make_user):
-    return make_user("viewer", name="vera")
-
-
-@pytest.fixture
-def browse():
-    """browse(user) -> a test client logged in as `user`."""
-    def login(user) -> Client:
-        client = Client()
-        client.force_login(user)
-        return client
-    return login
