@@ -74,7 +74,8 @@ def take(folder: Path) -> list[Path]:
         for page in ("calibration", "predictions"):
             operator.goto(f"{stack.url}/{page}/")
             operator.screenshot(path=folder / f"{page}.png", full_page=True)
-    return [folder / name for name in ("dashboard.png", "frontier.png", "job.png", "calibration.png", "predictions.png")]
+    pages = ("dashboard.png", "frontier.png", "job.png", "calibration.png", "predictions.png")
+    return [folder / name for name in pages]
 
 
 if __name__ == "__main__":
