@@ -1,6 +1,7 @@
-"""The engine on a GPU, in one device call: the GPU path tests, the copy bandwidth, and the engine against
-transformers' own Qwen3-Next on one random checkpoint (prefill and decode tok/s at several batch sizes, batch-1
-decode bandwidth utilisation). Every figure goes to one JSON file; a table is printed last.
+"""The engine on a GPU, in one device call: the GPU path and kernel tests, the copy bandwidth, and on one random
+checkpoint the engine as `LLM` and as served (`engine serve` through the OpenAI API, benchmarks/served.py) beside
+transformers' own Qwen3-Next (prefill and decode tok/s at several batch sizes, batch-1 decode bandwidth utilisation,
+kernels per decode step and per layer). Every figure goes to one JSON file; a table is printed last.
 
     python benchmarks/gpu.py --out $OUT                      # the H200 run (about 14 GB checkpoint)
     python benchmarks/gpu.py --device cpu --toy --out /tmp/x # the same script at toy size, on a CPU
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks import served  # noqa: E402
 from engine import bench_sweep  # noqa: E402
 
 # reference-hybrid-64's architecture at the issue's peer size: 48 layers, 32 experts top-8, ~14 GB in bf16.
@@ -75,7 +77,9 @@ def in_fresh_process(function, *args):
 def run_tests(out: Path, timeout_s: float) -> dict:
     """The GPU path tests, their log kept whole; cut off after `timeout_s` so the bench after them still runs."""
     started = time.perf_counter()
-    command = [sys.executable, "-m", "pytest", "tests/engine/test_gpu_paths.py", "-q", "-rs", "-p", "no:cacheprovider"]
+    files = ["tests/engine/test_gpu_paths.py", *sorted(str(p.relative_to(ROOT)) for p in
+                                                       (ROOT / "tests/engine").glob("test_kernel_*.py"))]
+    command = [sys.executable, "-m", "pytest", *files, "-q", "-rs", "-p", "no:cacheprovider"]
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         log, returncode = done.stdout + done.stderr, done.returncode
@@ -95,6 +99,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/seam-bench-ckpt"))
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--tests-timeout-s", type=float, default=300.0)
+    parser.add_argument("--skip-transformers", action="store_true", help="leave out transformers' own sweep")
+    parser.add_argument("--skip-unfused", action="store_true", help="leave out the step with fusion off")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     toy = args.toy or args.device == "cpu"
@@ -125,37 +131,56 @@ def main() -> None:
     memory = "256MiB" if toy else "60GiB"
     rig = "cpu-single" if toy else "h200"
     ckpt = str(args.checkpoint)
-    result["transformers"] = in_fresh_process(bench_sweep.transformers_sweep, ckpt, batches, prompt_len, gen_len, 0,
-                                              args.device)
-    save()
+    if not args.skip_transformers:
+        result["transformers"] = in_fresh_process(bench_sweep.transformers_sweep, ckpt, batches, prompt_len, gen_len,
+                                                  0, args.device)
+        save()
     result["engine"] = in_fresh_process(bench_sweep.engine_sweep, ckpt, batches, prompt_len, gen_len, 0, rig, memory,
                                         1 if toy else 2, args.device)
     profiles = result["engine"].pop("profile")
     (args.out / "gpu_profile.txt").write_text("\n\n".join(f"{k}:\n{v}" for k, v in profiles.items()))
+    layers = json.loads((args.checkpoint / "config.json").read_text())["num_hidden_layers"]
     result["kernels_per_step"] = {k: v for k, v in profiles.items() if k.endswith("_kernels")}
+    result["kernels_per_layer"] = {k: v / layers for k, v in result["kernels_per_step"].items()}
     print("engine:", {k: v for k, v in result["engine"].items() if k != "rows"}, result["kernels_per_step"], flush=True)
     save()
-    result["unfused_step"] = in_fresh_process(bench_sweep.unfused_step, ckpt, prompt_len, rig, memory, args.device)
-    print("unfused:", result["unfused_step"], flush=True)
+    # The served path: `engine serve` in its own process, through the OpenAI API (benchmarks/served.py).
+    result["served"] = served.served_sweep(ckpt, batches, prompt_len, gen_len, 0, rig, memory, args.out)
+    print("served:", {k: v for k, v in result["served"].items() if k != "rows"}, flush=True)
     save()
+    if not args.skip_unfused:
+        result["unfused_step"] = in_fresh_process(bench_sweep.unfused_step, ckpt, prompt_len, rig, memory,
+                                                  args.device)
+        print("unfused:", result["unfused_step"], flush=True)
+        save()
     write_report(result, args.out)
 
 
 def write_report(result: dict, out: Path) -> None:
-    lines = [f"{'batch':>5} {'prefill tok/s engine':>21} {'transformers':>13} {'x':>6} {'decode tok/s engine':>20} "
-             f"{'transformers':>13} {'x':>6} tokens equal"]
-    for ours, theirs in zip(result["engine"]["rows"], result["transformers"]["rows"], strict=True):
-        equal = ours.pop("token_ids") == theirs.pop("token_ids")
-        lines.append(f"{ours['batch']:>5} {ours['prefill_tok_s']:>21,.0f} {theirs['prefill_tok_s']:>13,.0f} "
-                     f"{ours['prefill_tok_s'] / theirs['prefill_tok_s']:>5.1f}x {ours['decode_tok_s']:>20,.0f} "
-                     f"{theirs['decode_tok_s']:>13,.0f} {ours['decode_tok_s'] / theirs['decode_tok_s']:>5.1f}x {equal}")
-        ours["tokens_equal_transformers"] = equal
+    """The table: per batch, the engine's `LLM` and served figures (served / LLM), and transformers' where run."""
+    theirs_rows = result.get("transformers", {}).get("rows") or [None] * len(result["engine"]["rows"])
+    lines = [f"{'batch':>5} {'prefill tok/s LLM':>18} {'served':>9} {'x':>5} {'transformers':>13} "
+             f"{'decode tok/s LLM':>17} {'served':>9} {'x':>5} {'transformers':>13} served tokens = LLM"]
+    for ours, served_row, theirs in zip(result["engine"]["rows"], result["served"]["rows"], theirs_rows, strict=True):
+        tokens = ours.pop("token_ids")
+        same = served_row.pop("token_ids") == tokens
+        ours["served_tokens_equal"] = same
+        prefill_theirs = decode_theirs = "-"
+        if theirs is not None:
+            ours["tokens_equal_transformers"] = theirs.pop("token_ids") == tokens
+            prefill_theirs, decode_theirs = f"{theirs['prefill_tok_s']:,.0f}", f"{theirs['decode_tok_s']:,.0f}"
+        lines.append(
+            f"{ours['batch']:>5} {ours['prefill_tok_s']:>18,.0f} {served_row['prefill_tok_s']:>9,.0f} "
+            f"{served_row['prefill_tok_s'] / ours['prefill_tok_s']:>4.2f}x {prefill_theirs:>13} "
+            f"{ours['decode_tok_s']:>17,.0f} {served_row['decode_tok_s']:>9,.0f} "
+            f"{served_row['decode_tok_s'] / ours['decode_tok_s']:>4.2f}x {decode_theirs:>13} {same}")
     step, copy = result["engine"]["step"], result["copy"]
     lines.append(f"batch-1 decode step {step['step_s'] * 1e3:.3f} ms reads {step['total_bytes'] / 1e9:.3f} GB "
                  f"(weights {step['weights_bytes'] / 1e9:.3f}, state {step['state_bytes'] / 1e6:.1f} MB, KV "
                  f"{step['kv_bytes'] / 1e6:.1f} MB): {step['bytes_per_s'] / 1e12:.3f} TB/s = "
                  f"{step['bytes_per_s'] / copy['bytes_per_s']:.1%} of the copy bandwidth "
                  f"{copy['bytes_per_s'] / 1e12:.3f} TB/s")
+    lines.append("kernels per layer: " + ", ".join(f"{k} {v:.1f}" for k, v in result["kernels_per_layer"].items()))
     result["table"] = lines
     (out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))
     print("\n".join(lines), flush=True)

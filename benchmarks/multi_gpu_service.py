@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -118,6 +118,7 @@ class TimedHandle(RequestHandle):
     submitted_s: float = 0.0
     first_token_s: float | None = None
     done_s: float | None = None
+    token_times: list[float] = field(default_factory=list)  # when each token arrived
 
 
 class HttpEngine:
@@ -153,9 +154,11 @@ class HttpEngine:
                     handle.finish_reason, handle.error = "refused", chunk["error"]["message"]
                     continue
                 choice = chunk["choices"][0]
+                arrived = time.perf_counter()
                 if choice["token_ids"] and handle.first_token_s is None:
-                    handle.first_token_s = time.perf_counter()
+                    handle.first_token_s = arrived
                 for token in choice["token_ids"]:
+                    handle.token_times.append(arrived)
                     handle.token_ids.append(token)
                     handle.tokens.put(token)
                 handle.finish_reason = choice["finish_reason"] or handle.finish_reason

@@ -7,10 +7,16 @@ its KV blocks and state slot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
+
+from engine.sampler import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.scheduler import Batch
 
 
 @dataclass
@@ -118,3 +124,44 @@ class StepContext:
         """A step that processes whole prompts from an empty cache."""
         positions = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths]).to(device)
         return cls(list(lengths), [0] * len(lengths), list(state_slots), block_tables, block_size, positions)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step as the scheduler planned it, in plain lists: what the driver sends every rank and what the model
+    runner runs, in `LLM` and in a served rank alike."""
+
+    token_ids: list[int]
+    query_lens: list[int]
+    cached_lens: list[int]
+    state_slots: list[int]
+    block_tables: list[list[int]]
+    block_size: int
+    positions: list[int]
+    # Per sequence, its sampling parameters when this step yields its next token (None while a prompt is still
+    # being prefilled in chunks): the last stage returns the sampler's logits for exactly those rows.
+    sampling: list[SamplingParams | None] = field(default_factory=list)
+
+    @classmethod
+    def from_batch(cls, batch: Batch, block_size: int) -> StepPlan:
+        token_ids, positions = [], []
+        for seq, cached, count in zip(batch.seqs, batch.cached_lens, batch.query_lens, strict=True):
+            token_ids.extend(seq.tokens[cached:cached + count])
+            positions.extend(range(cached, cached + count))
+        return cls(token_ids, list(batch.query_lens), list(batch.cached_lens),
+                   [seq.state_slot or 0 for seq in batch.seqs], [list(seq.block_table) for seq in batch.seqs],
+                   block_size, positions,
+                   [seq.params if batch.completes_prompt(i) else None for i, seq in enumerate(batch.seqs)])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def all_decode(self) -> bool:
+        return bool(self.query_lens) and all(n == 1 for n in self.query_lens) and all(c > 0 for c in self.cached_lens)
+
+    def context(self, device: torch.device | str) -> StepContext:
+        """The step's context on `device`, with the decode tensors when every sequence decodes."""
+        return StepContext(self.query_lens, self.cached_lens, self.state_slots, self.block_tables, self.block_size,
+                           torch.tensor(self.positions, dtype=torch.long, device=device)).with_decode_tensors()

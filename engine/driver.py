@@ -17,12 +17,13 @@ from pathlib import Path
 
 from engine.block_manager import BlockManager, SlotManager
 from engine.config import ModelConfig
+from engine.context import StepPlan
 from engine.driver_api import RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.health import StepHealth
 from engine.host_image import HostImage
 from engine.latency import LatencyLog
-from engine.rank import RankLayout, StepPlan
+from engine.rank import RankLayout
 from engine.rank_group import RankGroup
 from engine.reconfig import Operations
 from engine.recovery import verify
@@ -120,7 +121,8 @@ class PipelineDriver:
         state_dtype = shape.state_dtype or self.census.dtype
         layouts = [RankLayout(tuple(cut), prediction.pool_tokens or 0, shape.block_size, shape.max_num_seqs,
                               kv_dtype, state_dtype, r.budget_bytes, r.overhead_bytes, r.workspace_bytes,
-                              r.floor.bytes, r.margin_bytes, rung=ladder is not None,
+                              r.floor.bytes, r.margin_bytes, max_model_len=shape.max_model_len,
+                              rung=ladder is not None,
                               arena_bytes=ladder.image_bytes[r.rank] if ladder else 0,
                               state_reserve_bytes=(ladder.pinned_bytes[r.rank] - ladder.image_bytes[r.rank]
                                                    - r.state_bytes) if ladder else 0)
@@ -227,13 +229,8 @@ class PipelineDriver:
                 self.ops.recover(error, batch)
 
     def _step(self, batch: Batch) -> None:
-        token_ids, positions = [], []
-        for seq, cached, count in zip(batch.seqs, batch.cached_lens, batch.query_lens, strict=True):
-            token_ids.extend(seq.tokens[cached:cached + count])
-            positions.extend(range(cached, cached + count))
-        plan = StepPlan(token_ids, list(batch.query_lens), list(batch.cached_lens),
-                        [seq.state_slot or 0 for seq in batch.seqs], [list(seq.block_table) for seq in batch.seqs],
-                        self.shape.block_size, positions)
+        plan = StepPlan.from_batch(batch, self.shape.block_size)
+        token_ids = plan.token_ids
         replies = self.ranks.call_all("step", [plan] * self.rig.size)
         for rank, (_, memory, _) in enumerate(replies):
             if memory is not None:
@@ -241,7 +238,7 @@ class PipelineDriver:
         logits = replies[-1][0]
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
         # A request whose sampling raises fails alone: the ranks did their part, so the step stands for the others.
-        drawn = self.sampler.sample_rows(logits[ready], [batch.seqs[i].params for i in ready],
+        drawn = self.sampler.sample_rows(logits, [batch.seqs[i].params for i in ready],
                                          [batch.seqs[i].seq_id for i in ready])
         decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
         with self.lock:  # state() reads the stage log from the HTTP threads

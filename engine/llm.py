@@ -14,9 +14,10 @@ import torch
 from engine.block_manager import BlockManager, SlotManager
 from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
+from engine.context import StepPlan
 from engine.errors import EngineError
-from engine.graphs import DecodeGraphs
 from engine.kv_pool import KVPool
+from engine.layers.merge import merge_projections
 from engine.loader import load_model
 from engine.runner import ModelRunner
 from engine.sampler import Sampler, SamplingParams
@@ -60,13 +61,10 @@ class LLM:
                                    tracks_kv=bool(self.kv_pool.attention_layers))
         self.slots = SlotManager(self.shape.max_num_seqs)
         self.model = load_model(self.checkpoint, device=device, dtype=dtype)
-        graphs = None
-        # Capture needs every op free of host synchronisation; the grouped experts that make MoE so are bf16-only.
-        bf16 = self.model.embed_tokens.weight.dtype == torch.bfloat16
-        if cuda_graphs and torch.device(device).type == "cuda" and bf16:
-            graphs = DecodeGraphs(self.model, self, self.shape.block_size, self.shape.max_num_seqs,
-                                  self.shape.max_model_len, torch.device(device))
-        self.runner = ModelRunner(self.model, self, self.shape.block_size, device, graphs)
+        merge_projections(self.model)
+        self.runner = ModelRunner.prepare(self.model, self, device, block_size=self.shape.block_size,
+                                          max_num_seqs=self.shape.max_num_seqs,
+                                          max_model_len=self.shape.max_model_len, cuda_graphs=cuda_graphs)
         self.scheduler = Scheduler(
             self.blocks, self.slots, max_num_seqs=self.shape.max_num_seqs,
             max_num_batched_tokens=self.shape.max_num_batched_tokens, max_model_len=self.shape.max_model_len,
@@ -94,9 +92,9 @@ class LLM:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        logits = self.runner.run(batch)
+        logits = self.runner.run(StepPlan.from_batch(batch, self.shape.block_size))
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
-        tokens = self.sampler.sample(logits[ready], [batch.seqs[i].params for i in ready],
+        tokens = self.sampler.sample(logits, [batch.seqs[i].params for i in ready],
                                      [batch.seqs[i].seq_id for i in ready])
         finished = self.scheduler.commit(batch, {batch.seqs[i].seq_id: t for i, t in zip(ready, tokens, strict=True)})
         for seq in finished:

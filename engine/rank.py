@@ -15,11 +15,10 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from engine import fused
 from engine.arena import Arena
 from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
-from engine.context import StepContext
+from engine.context import StepPlan
 from engine.device_memory import (
     ALLOCATOR_CONF,
     MemoryReader,
@@ -31,9 +30,12 @@ from engine.device_memory import (
 from engine.errors import EngineError
 from engine.host_image import HostImage
 from engine.kv_pool import KVPool
+from engine.layers.merge import merge_projections
 from engine.loader import build_model
 from engine.models import RangeCausalLM
 from engine.pipeline import TransportError, close_group, init_group, recv_hidden, send_hidden
+from engine.runner import ModelRunner
+from engine.sampler import StepLogits
 from engine.stage_timer import StageTimer
 from engine.state_pool import StatePool
 
@@ -53,6 +55,7 @@ class RankLayout:
     workspace_bytes: int
     floor_bytes: int
     margin_bytes: int
+    max_model_len: int = 0  # the decode graphs' block tables are this long (0: no graphs)
     rung: bool = False  # a ladder is armed: weights live in a fixed arena, refilled by one contiguous copy
     arena_bytes: int = 0  # the arena: the deepest rung's weights on this rank
     state_reserve_bytes: int = 0  # state slots held for the deepest rung beyond this rung's
@@ -62,21 +65,11 @@ class RankLayout:
         return range(start, start + self.cut[rank])
 
 
-@dataclass(frozen=True)
-class StepPlan:
-    token_ids: list[int]
-    query_lens: list[int]
-    cached_lens: list[int]
-    state_slots: list[int]
-    block_tables: list[list[int]]
-    block_size: int
-    positions: list[int]
-
-
 class RankWorker:
     def __init__(self, rank: int, world: int, config: ModelConfig, image: HostImage, device: torch.device):
         self.rank, self.world, self.config, self.image, self.device = rank, world, config, image, device
         self.model: RangeCausalLM | None = None
+        self.runner: ModelRunner | None = None
         self.kv_pool: KVPool | None = None
         self.state_pool: StatePool | None = None
         self.layout: RankLayout | None = None
@@ -116,6 +109,7 @@ class RankWorker:
         else:
             loaded = self._fill(model)
             self.arena.release()
+            merge_projections(model)  # arena weights stay where the arena holds them: a rung runs them unmerged
         # The budget check prices the new pools on the meta device, before any is allocated: a refused layout
         # leaves the running one untouched.
         planned = self._measure(model, *self._pools(layers, layout, "meta"), layout)
@@ -127,10 +121,15 @@ class RankWorker:
         # (seen on the H200: rank 1 of the reference rig ran out of its 20 GiB moving [28,20,16] -> [30,17,17]).
         # Their contents are never needed again: running sequences were preempted, and a failure restores by
         # rebuilding the previous layout's pools from scratch.
-        self.kv_pool = self.state_pool = None
+        # The decode graphs hold the old pools' addresses and their own memory: they go with the pools.
+        self.runner = self.kv_pool = self.state_pool = None
         kv_pool, state_pool = self._pools(layers, layout, self.device)
         self.model, self.kv_pool, self.state_pool, self.layout = model, kv_pool, state_pool, layout
         self.builds += 1
+        # The same runner `LLM` uses, decode graphs captured now (before any request: see engine/graphs.py).
+        self.runner = ModelRunner.prepare(model, self, self.device, block_size=layout.block_size,
+                                          max_num_seqs=layout.num_slots, max_model_len=layout.max_model_len,
+                                          cuda_graphs=layout.max_model_len > 0)
         if self.device.type == "cuda":
             # The layers and pools let go are back with the card before the rank measures itself: NVML then sees
             # what the rank holds (on the H200 the old model, still referenced, and the allocator's cache of the old
@@ -191,25 +190,20 @@ class RankWorker:
             "attention_layers": len(kv_pool.attention_layers),
         }
 
-    @torch.inference_mode()
-    def step(self, plan: StepPlan) -> torch.Tensor | None:
-        """Run this rank's layers for one step; the last rank returns next-token logits."""
-        ctx = StepContext(plan.query_lens, plan.cached_lens, plan.state_slots, plan.block_tables, plan.block_size,
-                          torch.tensor(plan.positions, dtype=torch.long, device=self.device)).with_decode_tensors()
-        if self.rank == 0:
-            hidden = torch.tensor(plan.token_ids, dtype=torch.long, device=self.device)
-        else:
+    def step(self, plan: StepPlan) -> StepLogits | None:
+        """Run this rank's layers for one step; the last rank returns the sampler's logits."""
+        hidden = None
+        if self.rank > 0:
             hidden = recv_hidden(len(plan.token_ids), self.config.hidden_size, self.config.torch_dtype, self.device,
                                  self.rank - 1)
         if self.fail_token is not None and self.fail_token in plan.token_ids:
             raise EngineError(f"fault injection: rank {self.rank} fails steps with token {self.fail_token}")
         with self.timer:
-            hidden = self.model(hidden, ctx, self)
-            logits = self.model.compute_logits(hidden, ctx).float() if self.rank == self.world - 1 else None
-        if logits is None:
-            send_hidden(hidden, self.rank + 1)
+            out = self.runner.run(plan, hidden)
+        if self.rank < self.world - 1:
+            send_hidden(out, self.rank + 1)
             return None
-        return logits.cpu()
+        return out
 
 
 def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpoint: str, image: HostImage,
@@ -221,9 +215,6 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
         torch.cuda.memory._set_allocator_settings(prefer_expandable_segments())
         torch.cuda.set_device(target)
         cap_cuda_memory(target, memory_bytes)
-        # Ranks run the elementwise code eagerly: compiling it inside a step outlasts the pipeline's 30 s receive
-        # timeout on the next rank (seen on the H200: gloo "Timed out waiting 30000ms for recv" on ranks 1 and 2).
-        fused.enabled = False
     init_group(rank, world, init_method, target, shared_device=shared_device)
     worker = RankWorker(rank, world, ModelConfig.from_pretrained(checkpoint), image, target)
     memory = MemoryReader(target)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from engine.context import StepPlan
 from engine.errors import EngineError
-from engine.rank import StepPlan
 from solvers.capacity import PoolResult
 from solvers.serving import ServingShape
 

@@ -1,46 +1,49 @@
-"""Runs one scheduled batch through one rank's layer range and returns next-token logits."""
+"""Runs one step through one layer range: what `LLM` runs for its single rank and what every served rank runs.
+
+All-decode steps replay a captured CUDA graph where there is one (engine/graphs.py); every other step runs eagerly.
+A range that ends the model returns the sampler's StepLogits (argmax on the device, full rows only where a request
+samples); any other returns the hidden states for the next rank.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from engine.caches import LayerCaches
-from engine.context import StepContext
-from engine.graphs import DecodeGraphs
+from engine.context import StepPlan
+from engine.graphs import DecodeGraphs, can_capture
 from engine.models import RangeCausalLM
-from engine.scheduler import Batch
+from engine.sampler import StepLogits
 
 
 class ModelRunner:
-    def __init__(self, model: RangeCausalLM, caches: LayerCaches, block_size: int, device: torch.device | str,
+    def __init__(self, model: RangeCausalLM, caches: LayerCaches, device: torch.device | str,
                  graphs: DecodeGraphs | None = None):
-        self.model, self.caches = model, caches
-        self.block_size, self.device = block_size, torch.device(device)
+        self.model, self.caches, self.device = model, caches, torch.device(device)
         self.graphs = graphs  # CUDA graphs of the decode step, when captured
 
-    def context(self, batch: Batch, on_device: bool = True) -> tuple[torch.Tensor | list[int], StepContext]:
-        """The step's flat token ids and its context, from what the scheduler planned (ids as a list, positions on
-        the host, when not `on_device`: what a graph replay copies into its own buffers)."""
-        ids, positions = [], []
-        for seq, cached, count in zip(batch.seqs, batch.cached_lens, batch.query_lens, strict=True):
-            ids.extend(seq.tokens[cached:cached + count])
-            positions.extend(range(cached, cached + count))
-        ctx = StepContext(
-            query_lens=list(batch.query_lens), cached_lens=list(batch.cached_lens),
-            state_slots=[seq.state_slot or 0 for seq in batch.seqs],
-            block_tables=[list(seq.block_table) for seq in batch.seqs], block_size=self.block_size,
-            positions=torch.tensor(positions, dtype=torch.long, device=self.device if on_device else "cpu"),
-        )
-        return (torch.tensor(ids, dtype=torch.long, device=self.device) if on_device else ids), ctx
+    @classmethod
+    def prepare(cls, model: RangeCausalLM, caches: LayerCaches, device: torch.device | str, *, block_size: int,
+                max_num_seqs: int, max_model_len: int, cuda_graphs: bool = True) -> ModelRunner:
+        """The runner for a model whose weights are in place and pools allocated: decode graphs captured where the
+        device allows (weights must not move after this, nor the pools be replaced)."""
+        graphs = None
+        if cuda_graphs and can_capture(model, device):
+            graphs = DecodeGraphs(model, caches, block_size, max_num_seqs, max_model_len, torch.device(device))
+        return cls(model, caches, device, graphs)
 
     @torch.inference_mode()
-    def run(self, batch: Batch) -> torch.Tensor:
-        """Logits [num_seqs, vocab] of each sequence's last new token (float32)."""
-        if self.graphs is not None and batch.seqs and self.graphs.fits(len(batch.seqs)):
-            ids, ctx = self.context(batch, on_device=False)
-            if ctx.all_decode:
-                return self.graphs.run(ids, ctx)
-        token_ids, ctx = self.context(batch)
-        ctx.with_decode_tensors()
-        hidden = self.model(token_ids, ctx, self.caches)
-        return self.model.compute_logits(hidden, ctx).float()
+    def run(self, plan: StepPlan, hidden: torch.Tensor | None = None) -> torch.Tensor | StepLogits:
+        """Hidden states [tokens, hidden] for the next rank, or on the last range the sampler's StepLogits.
+        `hidden` is the previous rank's output (None on the first range, which reads the plan's token ids)."""
+        if self.graphs is not None and plan.all_decode and self.graphs.fits(plan.num_seqs):
+            outputs = self.graphs.run(plan, hidden)
+            return outputs[0] if not self.model.is_last else StepLogits.take(outputs[0], plan.sampling, outputs[1])
+        ctx = plan.context(self.device)
+        if hidden is None:
+            hidden = torch.tensor(plan.token_ids, dtype=torch.long, device=self.device)
+        hidden = self.model(hidden, ctx, self.caches)
+        if not self.model.is_last:
+            return hidden
+        return StepLogits.take(self.model.compute_logits(hidden, ctx).float(), plan.sampling)
+

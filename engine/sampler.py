@@ -48,6 +48,29 @@ class SamplingParams:
         return self.temperature == 0
 
 
+@dataclass
+class StepLogits:
+    """One step's next-token logits as the sampler needs them: each row's argmax (taken on the device, inside the
+    decode graph where there is one) and the full row only for rows that draw at random. A greedy batch so crosses
+    to the host, and between processes, as a list of ids rather than [rows, vocab] floats (150 MB at batch 256)."""
+
+    argmax: list[int]
+    rows: dict[int, torch.Tensor]  # row index -> float32 logits on the host, for rows that sample
+
+    @classmethod
+    def take(cls, logits: torch.Tensor, sampling: list[SamplingParams | None],
+             argmax: torch.Tensor | None = None) -> StepLogits:
+        """The rows of `logits` [seqs, vocab] whose `sampling` entry is set, in order (others yield no token)."""
+        ready = [i for i, param in enumerate(sampling) if param is not None]
+        if not ready:
+            return cls([], {})
+        index = torch.tensor(ready, dtype=torch.long, device=logits.device)
+        picked = (torch.argmax(logits, dim=-1) if argmax is None else argmax)[index].tolist()
+        drawn = [n for n, i in enumerate(ready) if not sampling[i].greedy]
+        rows = logits[index[drawn]].float().cpu() if drawn else []
+        return cls(picked, dict(zip(drawn, rows, strict=True)))
+
+
 class Sampler:
     """Turns each sequence's last-token logits into its next token.
 
@@ -60,7 +83,7 @@ class Sampler:
         fault = os.environ.get(FAULT_SEED_ENV)
         self.fault_seed = int(fault) if fault else None
 
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int]) -> list[int]:
+    def sample(self, logits: torch.Tensor | StepLogits, params: list[SamplingParams], seq_ids: list[int]) -> list[int]:
         """Every row's next token; the first row whose sampling fails raises."""
         drawn = self.sample_rows(logits, params, seq_ids)
         for token in drawn:
@@ -68,25 +91,25 @@ class Sampler:
                 raise token
         return drawn
 
-    def sample_rows(self, logits: torch.Tensor, params: list[SamplingParams],
+    def sample_rows(self, logits: torch.Tensor | StepLogits, params: list[SamplingParams],
                     seq_ids: list[int]) -> list[int | Exception]:
         """Every row's next token, or in its place the exception its sampling raised: one request's failure stays
         its own (as asyncio.gather's return_exceptions), and its neighbours' draws are exactly as without it."""
-        # Greedy rows take one argmax for the whole batch and one read back to the host (on a GPU, one sync a step).
-        greedy = torch.argmax(logits, dim=-1).tolist() if any(p.greedy for p in params) else []
+        if isinstance(logits, torch.Tensor):
+            logits = StepLogits.take(logits, list(params))
         tokens: list[int | Exception] = []
-        for index, (row, param, seq_id) in enumerate(zip(logits.float(), params, seq_ids, strict=True)):
+        for index, (param, seq_id) in enumerate(zip(params, seq_ids, strict=True)):
             try:
-                tokens.append(self._draw(row, param, seq_id, greedy[index] if param.greedy else None))
+                tokens.append(self._draw(logits.rows.get(index), param, seq_id, logits.argmax[index]))
             except Exception as error:  # whatever it was, it is this request's alone
                 tokens.append(error)
         return tokens
 
-    def _draw(self, row: torch.Tensor, param: SamplingParams, seq_id: int, greedy: int | None) -> int:
+    def _draw(self, row: torch.Tensor | None, param: SamplingParams, seq_id: int, argmax: int) -> int:
         if self.fault_seed is not None and param.seed == self.fault_seed:
             raise RuntimeError(f"fault injection: sampling fails for seed {param.seed} ({FAULT_SEED_ENV})")
-        if greedy is not None:
-            return greedy
+        if param.greedy:
+            return argmax
         probs = torch.softmax(_filter(row / param.temperature, param.top_k, param.top_p), dim=-1)
         return int(torch.multinomial(probs.cpu(), 1, generator=self._generator(seq_id, param)))
 

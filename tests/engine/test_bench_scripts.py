@@ -154,14 +154,17 @@ def test_the_gpu_bench_runs_every_part_at_toy_size(tmp_path):
     # The GPU path tests are cut off at their timeout, said so in their log, and the bench still runs after them.
     assert bench["tests"]["returncode"] is None and "cut off after 1 s" in (tmp_path / "gpu_tests.log").read_text()
     assert bench["copy"]["bytes_per_s"] > 0 and bench["checkpoint"]["parameters"] > 0
-    for side in ("engine", "transformers"):
+    for side in ("engine", "transformers", "served"):
         rows = bench[side]["rows"]
         assert [row["batch"] for row in rows] == [1, 2]
         assert all(row["prefill_tok_s"] > 0 and row["decode_tok_s"] > 0 for row in rows)
     assert all(isinstance(row["tokens_equal_transformers"], bool) for row in bench["engine"]["rows"])
+    # The served path (engine serve, through the OpenAI API) gives `LLM`'s greedy tokens, every request whole.
+    assert [row["served_tokens_equal"] for row in bench["engine"]["rows"]] == [True, True]
+    assert "engine serve" in bench["served"]["command"] and bench["served"]["measurement"]["decode"]["steps"] > 0
     step = bench["engine"]["step"]
     assert step["total_bytes"] == step["weights_bytes"] + step["state_bytes"] + step["kv_bytes"] > 0
-    assert bench["unfused_step"]["step_s"] > 0 and len(bench["table"]) == 4
+    assert bench["unfused_step"]["step_s"] > 0 and len(bench["table"]) == 5
 
 
 @pytest.mark.parametrize("size", ["FULL", "TOY"])

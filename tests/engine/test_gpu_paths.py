@@ -254,3 +254,41 @@ def test_cuda_graphs_give_the_eager_tokens(reference_checkpoint):
         assert (llm.runner.graphs is not None) == graphs
         outs.append([c.token_ids for c in llm.generate(prompts, params)])
     assert outs[0] == outs[1]
+
+
+@cuda
+def test_a_served_rank_runs_the_llm_runner_with_decode_graphs(tmp_path):
+    """One engine path: a served rank (RankWorker, what `engine serve` runs) captures decode graphs at its build and
+    yields `LLM`'s greedy tokens, step by step through the same StepPlans."""
+    from engine_checkpoints import reference_model, save_checkpoint
+
+    from engine.config import ModelConfig
+    from engine.context import StepPlan
+    from engine.graphs import graph_sizes
+    from engine.host_image import HostImage
+    from engine.llm import LLM
+    from engine.rank import RankLayout, RankWorker
+    from engine.sampler import SamplingParams
+
+    folder = save_checkpoint(reference_model("qwen3_next_moe").to(torch.bfloat16), tmp_path / "bf16")
+    llm = LLM(folder, device="cuda", dtype=torch.bfloat16, memory="256MiB", max_model_len=256, max_num_seqs=4)
+    assert llm.runner.graphs is not None
+    config, plan = ModelConfig.from_pretrained(folder), llm.plan
+    row = plan.ranks[0]
+    worker = RankWorker(0, 1, config, HostImage.build(folder), torch.device("cuda"))
+    kv_dtype, state_dtype = (llm.shape.kv_dtype or config.dtype), (llm.shape.state_dtype or config.dtype)
+    worker.build(RankLayout(plan.cut, plan.pool_tokens, llm.shape.block_size, 4, kv_dtype, state_dtype,
+                            row.budget_bytes, row.overhead_bytes, row.workspace_bytes, row.floor.bytes,
+                            row.margin_bytes, max_model_len=256))
+    assert worker.runner.graphs is not None and worker.runner.graphs.sizes == graph_sizes(4)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    seqs = [llm.submit(prompt, params) for prompt in ([5, 6, 7, 8], list(range(20, 41)), [9])]
+    ours, served = [], []
+    while llm.scheduler.has_work:
+        batch = llm.scheduler.schedule()
+        step = StepPlan.from_batch(batch, llm.shape.block_size)
+        served.append(worker.step(step).argmax)  # the worker's pools mirror the LLM's: same blocks, same slots
+        logits = llm.runner.run(step)
+        ours.append(logits.argmax)
+        llm.scheduler.commit(batch, {s.seq_id: t for s, t in zip(batch.seqs, logits.argmax, strict=True)})
+    assert served == ours and all(len(s.output_ids) == 10 for s in seqs)

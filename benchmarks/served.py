@@ -1,0 +1,83 @@
+"""The served path under load: `python -m engine serve` (its ranks run the same ModelRunner and decode graphs as
+`LLM`) driven through the OpenAI API, `batch` streaming requests at once, with the prompts and greedy lengths of the
+`LLM` sweep (engine.bench_sweep) so the two compare in one run.
+
+Requests are sent one after another as a client would, so the first ones start while the last are still arriving:
+prefill is timed from the first request sent until every request has its first token, and decode is the steady
+state after that — the tokens every request emits once all of them are decoding, over the time until the last ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from benchmarks.multi_gpu_service import HttpEngine, Service
+from engine.bench_sweep import prompts_for
+from engine.config import ModelConfig
+from engine.sampler import SamplingParams
+from solvers.rig import load_rig
+
+ANSWER_S = 600.0
+
+
+def rig_file(folder: Path, rig: str, memory: str | None, shape: dict) -> Path:
+    """A one-rank rig file: the named rig with the sweep's memory budget and serving shape."""
+    data = yaml.safe_load(Path(load_rig(rig).source).read_text())  # JSON is YAML too
+    if len(data["ranks"]) != 1:
+        raise ValueError(f"rig {rig!r}: the served sweep needs a one-rank rig file")
+    if memory:
+        data["ranks"][0]["memory"] = memory
+    data["shape"] = {**data.get("shape", {}), **shape}
+    data["name"] = f"{data['name']}-served-bench"
+    path = folder / "served_rig.json"
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: int, seed: int, rig: str,
+                 memory: str | None, folder: Path) -> dict:
+    config = ModelConfig.from_pretrained(checkpoint)
+    shape = {"max_num_seqs": max(batches), "max_num_batched_tokens": max(batches) * prompt_len,
+             "max_model_len": prompt_len + gen_len + 512}
+    live: list[Service] = []
+    started = time.perf_counter()
+    service = Service("served", Path(checkpoint), str(rig_file(folder, rig, memory, shape)), [config.num_layers], live)
+    try:
+        service.wait_ready(900)
+        start_s = time.perf_counter() - started
+        engine = HttpEngine(service.url, Path(checkpoint))
+        engine.complete(list(range(8)), 4)  # warm-up: the first prefill compiles what capture did not
+        params = SamplingParams(max_tokens=gen_len, ignore_eos=True)
+        rows = [_one_batch(engine, prompts_for(config.vocab_size, batch, prompt_len, seed), params)
+                for batch in batches]
+        state = engine.state()
+        engine.close()
+    finally:
+        service.stop()
+    return {"start_s": start_s, "command": service.command, "rows": rows,
+            "measurement": state.get("measurement"), "cut": state.get("cut")}
+
+
+def _one_batch(engine: HttpEngine, prompts: list[list[int]], params: SamplingParams) -> dict:
+    sent = time.perf_counter()
+    handles = [engine.submit(prompt, params) for prompt in prompts]
+    for handle in handles:
+        if not handle.done.wait(ANSWER_S):
+            raise TimeoutError(f"request {handle.request_id} had no answer within {ANSWER_S:.0f} s")
+    failed = [h.error for h in handles if h.finish_reason != "length" or len(h.token_ids) != params.max_tokens]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(handles)} requests did not finish whole: {failed[:3]}")
+    all_decoding = max(h.first_token_s for h in handles)
+    last_done = max(h.done_s for h in handles)
+    # Tokens after every request had its first: each request's own stream times, counted from that moment.
+    decoded = sum(1 for h in handles for moment in h.token_times[1:] if moment > all_decoding)
+    batch, prompt_len = len(prompts), len(prompts[0])
+    prefill_s = all_decoding - sent
+    return {"batch": batch, "prefill_s": prefill_s, "prefill_tok_s": batch * prompt_len / prefill_s,
+            "decode_s": last_done - all_decoding, "decode_tok_s": decoded / (last_done - all_decoding),
+            "token_ids": [h.token_ids for h in handles]}
+
