@@ -73,17 +73,24 @@ def unfused_step(checkpoint: str, prompt_len: int, rig: str, memory: str | None,
     return batch1_step(llm, config, prompt_len)
 
 
-def profile(llm, prompt_len: int, rows: int = 25) -> dict:
-    """Device time by kernel of one batch-1 prefill and one eager (graph-less) batch-1 decode step."""
+def profile(llm, prompt_len: int, rows: int = 25, wide: int = 64) -> dict:
+    """Device time by kernel of one batch-1 prefill, one eager (graph-less) batch-1 decode step, and one prefill of
+    `wide` prompts at once (the prefill target's shape)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     from engine.sampler import SamplingParams
 
     tables, graphs = {}, llm.runner.graphs
-    llm.submit(list(range(1, prompt_len + 1)), SamplingParams(max_tokens=4, ignore_eos=True))
-    for name in ("prefill", "decode"):
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    wide = min(wide, llm.shape.max_num_seqs)
+    for name in ("prefill", "decode", f"prefill_{wide}"):
         llm.runner.graphs = None if name == "decode" else graphs
+        if name != "decode":
+            while llm.scheduler.has_work:  # the batch-1 sequence ends before the wide prefill starts
+                llm.step()
+            for prompt in prompts_for(llm.config.vocab_size, 1 if name == "prefill" else wide, prompt_len, 1):
+                llm.submit(prompt, params)
         _synced()
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             llm.step()

@@ -2,15 +2,18 @@
 
 One class covers the families: Llama/Mistral (plain), Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and Qwen3-Next
 (one-centred q/k norm, partial rotary, and a sigmoid gate on the output that q_proj yields alongside the queries).
+Once merged (engine/layers/merge.py) q, k and v come from one GEMM over the stacked weights, then a split of views.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
 from engine.fused import fused
+from engine.layers.merge import stack_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary
 from engine.layers.step import LayerStep
@@ -30,23 +33,38 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_width, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_width, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_width, hidden, bias=config.o_bias)
+        # Plain attributes, not parameters: the merged tensor owns the storage q/k/v_proj's parameters view.
+        self.qkv_weight: torch.Tensor | None = None
+        self.qkv_bias: torch.Tensor | None = None
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.one_centred_norm)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.one_centred_norm)
         else:
             self.q_norm = self.k_norm = None
 
+    def merge_projections(self) -> None:
+        """Stack q_proj, k_proj and v_proj (weights, and biases where present) so one GEMM computes all three."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = stack_rows([p.weight for p in projections])
+        self.qkv_bias = stack_rows([p.bias for p in projections]) if self.q_proj.bias is not None else None
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_weight is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        widths = [p.weight.shape[0] for p in (self.q_proj, self.k_proj, self.v_proj)]
+        return F.linear(x, self.qkv_weight, self.qkv_bias).split(widths, dim=-1)
+
     def forward(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x)
+        q, k, v = self._project(x)
         gate = None
         if self.gated:
             # Per head, q_proj yields [query | gate] side by side.
             q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
             gate = gate.reshape(tokens, -1)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)

@@ -1,4 +1,8 @@
-"""One pre-norm decoder layer: x + mixer(norm(x)), then + mlp(norm(x)).
+"""One pre-norm decoder layer in residual-stream form: the stream's sum is carried beside the sublayer output.
+
+Eager the layer is x + mixer(norm(x)), then + mlp(norm(x)); here each `residual + sublayer output` is folded into the
+next norm (RMSNorm(x, residual)), so an add and a norm are one kernel: the layer takes and returns
+(hidden, residual), where the full hidden state is hidden + residual. The additions are today's, in today's order.
 
 The mixer keeps transformers' attribute name (`self_attn` or `linear_attn`) so parameter names match checkpoints.
 """
@@ -22,6 +26,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.one_centred_norm)
         self.mlp = mlp
 
-    def forward(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        x = x + getattr(self, self.mixer_name)(self.input_layernorm(x), step)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, step: LayerStep
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual` None on the range's first layer (`hidden` is then the whole state). Returns (mlp output, the
+        residual it adds to); the norm kernel updates the residual in place."""
+        first = residual is None
+        if first:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = getattr(self, self.mixer_name)(hidden, step)
+        # The first residual is the embedding output or the received activations: the caller's, never written.
+        hidden, residual = self.post_attention_layernorm(hidden, residual, in_place=not first)
+        return self.mlp(hidden), residual

@@ -2,6 +2,9 @@
 
 Projections come grouped per key head, as the checkpoint stores them: for each key head, in_proj_qkvz yields
 [q | k | v for its value heads | z for its value heads] and in_proj_ba yields [b | a] for its value heads.
+merge_projections() stacks the two weights so one GEMM yields both; the outputs are then used as strided views.
+A decode step on CUDA in half precision runs two in-place Triton kernels (engine/ops/triton_gdn.py): the conv, which
+reads q, k, v from the grouped projection, and the gated delta rule with its gates.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.fused import fused
+from engine.layers.merge import stack_rows
 from engine.layers.norm import GatedRMSNorm
 from engine.layers.step import LayerStep
 from engine.ops.conv import conv_forward
-from engine.ops.gdn import gdn_forward
+from engine.ops.gdn import decodes_in_place, gdn_decode_in_place, gdn_forward
 
 
 @fused
@@ -41,30 +45,43 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.v_heads))
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_width, hidden, bias=False)
+        self.in_proj_merged: torch.Tensor | None = None  # set by merge_projections(): a plain tensor, not a parameter
 
-    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Ungroup the per-key-head projections.
+    def merge_projections(self) -> None:
+        """One GEMM for both input projections: their rows stacked, qkvz first (each keeps its per-key-head grouping);
+        the parameters become views of the merged tensor."""
+        self.in_proj_merged = stack_rows([self.in_proj_qkvz.weight, self.in_proj_ba.weight])
 
-        Returns q, k [T, k_heads, k_dim]; v, z [T, v_heads, v_dim]; b, a [T, v_heads].
-        """
-        tokens, per_key = x.shape[0], self.v_heads // self.k_heads
-        qkvz = self.in_proj_qkvz(x).view(tokens, self.k_heads, -1)
-        q, k, v, z = qkvz.split([self.k_dim, self.k_dim, per_key * self.v_dim, per_key * self.v_dim], dim=-1)
-        b, a = self.in_proj_ba(x).view(tokens, self.k_heads, -1).split([per_key, per_key], dim=-1)
-        v, z = v.reshape(tokens, self.v_heads, self.v_dim), z.reshape(tokens, self.v_heads, self.v_dim)
-        return q, k, v, z, b.reshape(tokens, self.v_heads), a.reshape(tokens, self.v_heads)
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """qkvz [T, k_heads, 2 k_dim + 2 per_key v_dim] and ba [T, k_heads, 2 per_key], grouped per key head (views of
+        one GEMM's output once merged)."""
+        tokens = x.shape[0]
+        if self.in_proj_merged is None:
+            qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        else:
+            widths = [self.in_proj_qkvz.out_features, self.in_proj_ba.out_features]
+            qkvz, ba = F.linear(x, self.in_proj_merged).split(widths, dim=-1)
+        return qkvz.view(tokens, self.k_heads, -1), ba.view(tokens, self.k_heads, -1)
 
     def forward(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        tokens = x.shape[0]
-        q, k, v, z, b, a = self._split(x)
+        tokens, per_key = x.shape[0], self.v_heads // self.k_heads
+        qkvz, ba = self._project(x)
         conv_state, recurrent_state = step.caches.state(self.layer_index)
-        mixed = torch.cat((q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)), dim=-1)
-        mixed = conv_forward(mixed, self.conv1d.weight.squeeze(1), conv_state, step.ctx)
+        # The conv's channels are q | k | v of all key heads: it reads them from the grouped projection as it comes.
+        mixed = conv_forward(qkvz, self.conv1d.weight.squeeze(1), conv_state, step.ctx,
+                             segments=(self.k_dim, self.k_dim, per_key * self.v_dim))
         q, k, v = mixed.split([self.key_width, self.key_width, self.value_width], dim=-1)
+        # Views (reshape copies only where it must): the kernels and fla read strided inputs.
         q = q.reshape(tokens, self.k_heads, self.k_dim)
         k = k.reshape(tokens, self.k_heads, self.k_dim)
         v = v.reshape(tokens, self.v_heads, self.v_dim)
-        beta, g = gdn_gates(b, a, self.A_log, self.dt_bias)
-        out = gdn_forward(q, k, v, g, beta, recurrent_state, step.ctx)
+        b, a = ba.split([per_key, per_key], dim=-1)  # [T, k_heads, per_key]: head h at (h // per_key, h % per_key)
+        if decodes_in_place(v, step.ctx):  # gates inside the kernel, each state slot stepped in place
+            out = gdn_decode_in_place(q, k, v, b, a, self.A_log, self.dt_bias, recurrent_state, step.ctx.decode.slots)
+        else:
+            beta, g = gdn_gates(b.reshape(tokens, self.v_heads), a.reshape(tokens, self.v_heads), self.A_log,
+                                self.dt_bias)
+            out = gdn_forward(q, k, v, g, beta, recurrent_state, step.ctx)
+        z = qkvz[..., 2 * self.k_dim + per_key * self.v_dim:]
         out = self.norm(out.reshape(-1, self.v_dim), z.reshape(-1, self.v_dim)).reshape(tokens, self.value_width)
         return self.out_proj(out)

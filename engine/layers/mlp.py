@@ -1,10 +1,17 @@
-"""The gated SiLU MLP: down(silu(gate(x)) * up(x))."""
+"""The gated SiLU MLP: down(silu(gate(x)) * up(x)).
+
+`merge_projections()` stacks gate_proj and up_proj (rows, and biases when present) into one [2I, H] tensor, so the
+step runs one GEMM for both and splits it: the same values as the two GEMMs, one kernel fewer (engine/layers/merge.py).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.fused import fused
+from engine.layers.merge import stack_rows
 
 
 class GatedMLP(nn.Module):
@@ -13,6 +20,23 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        # Plain attributes (not parameters): the parameters stay the checkpoint's, as views of these rows.
+        self.gate_up_weight: torch.Tensor | None = None
+        self.gate_up_bias: torch.Tensor | None = None
+
+    def merge_projections(self) -> None:
+        self.gate_up_weight = stack_rows([self.gate_proj.weight, self.up_proj.weight])
+        if self.gate_proj.bias is not None:
+            self.gate_up_bias = stack_rows([self.gate_proj.bias, self.up_proj.bias])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is not None:
+            return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@fused
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] (gate columns first) -> silu(gate) * up [..., I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -2,9 +2,12 @@
 
 Expert weights are held fused as 3-D tensors (gate and up stacked), the layout transformers keeps in memory;
 the loader builds them from either checkpoint layout (per-expert tensors or fused).
-On CUDA in bf16 the routed experts run as two grouped matmuls over the tokens sorted by expert: no host
-synchronisation (a decode step can be captured in a CUDA graph), and only the experts hit are read. Elsewhere each
-hit expert runs once on its tokens (the reference path).
+On CUDA in half precision the routed experts run as two fused Triton grouped GEMMs (engine/ops/triton_moe.py: SiLU·mul
+and the routing weights inside them); without Triton, bf16 runs two torch grouped matmuls over the pairs sorted by
+expert. Both make no host synchronisation (a decode step can be captured in a CUDA graph) and read only the experts
+hit. Elsewhere each hit expert runs once on its tokens (the reference path).
+`SparseMoE.merge_projections()` stacks the router and the shared-expert gate into one [E + 1, H] tensor: one GEMV
+serves both (the shared expert's own gate and up merge in GatedMLP).
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fused import fused
-from engine.layers.mlp import GatedMLP
+from engine.layers.merge import stack_rows
+from engine.layers.mlp import GatedMLP, silu_mul
+
+try:
+    from engine.ops.triton_moe import fused_experts
+except ImportError:  # no Triton (CPU-only installs): grouped_mm on CUDA bf16, the loop elsewhere
+    fused_experts = None
 
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
@@ -29,9 +38,16 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [tokens, hidden]; expert_ids, weights [tokens, top_k]."""
+        half = x.dtype in (torch.bfloat16, torch.float16) and self.gate_up_proj.dtype == x.dtype
+        if x.is_cuda and half and fused_experts is not None:
+            return self.fused(x, expert_ids, weights)
         if x.is_cuda and x.dtype == torch.bfloat16:
             return self.grouped(x, expert_ids, weights)
         return self.looped(x, expert_ids, weights)
+
+    def fused(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The Triton path: gate_up GEMM with SiLU·mul, then down GEMM with the routing weights, per expert block."""
+        return fused_experts(x, expert_ids, weights, self.gate_up_proj, self.down_proj)
 
     def grouped(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Every (token, expert) pair sorted by expert, then one grouped matmul per projection."""
@@ -71,12 +87,24 @@ class SparseMoE(nn.Module):
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
+        self.router_weight: torch.Tensor | None = None  # gate rows then the shared gate's row, once merged
+
+    def merge_projections(self) -> None:
+        """Router and shared-expert gate as one GEMV (the shared expert merges itself: it is a module of its own)."""
+        if self.shared_expert_gate is not None:
+            self.router_weight = stack_rows([self.gate.weight, self.shared_expert_gate.weight])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        expert_ids, weights = route(self.gate(x), self.top_k, self.norm_topk_prob)
+        if self.router_weight is not None:
+            logits = F.linear(x, self.router_weight)
+            router_logits, shared_logit = logits[..., :-1], logits[..., -1:]
+        else:
+            router_logits = self.gate(x)
+            shared_logit = self.shared_expert_gate(x) if self.shared_expert_gate is not None else None
+        expert_ids, weights = route(router_logits, self.top_k, self.norm_topk_prob)
         out = self.experts(x, expert_ids, weights)
         if self.shared_expert is not None:
-            out = gate_shared(out, self.shared_expert_gate(x), self.shared_expert(x))
+            out = gate_shared(out, shared_logit, self.shared_expert(x))
         return out
 
 
@@ -93,9 +121,3 @@ def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch
 @fused
 def gate_shared(routed: torch.Tensor, gate: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
     return routed + torch.sigmoid(gate) * shared
-
-
-@fused
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up

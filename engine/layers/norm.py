@@ -2,6 +2,11 @@
 
 The float32 round trip and where the cast back to the input dtype happens follow each reference exactly,
 because in bf16 those placements change the result.
+
+RMSNorm also takes the residual stream: norm(x, residual) adds x into the residual first (the pre-norm layer's
+`residual + sublayer(...)`) and returns both, so the add and the norm are one kernel. On CUDA in half precision that
+kernel is Triton's (engine/ops/triton_norm.py) and the residual is updated in place; elsewhere the eager code below
+runs (compiled on CUDA by @fused), computing the same sum and norm out of place.
 """
 
 from __future__ import annotations
@@ -12,14 +17,20 @@ from torch import nn
 
 from engine.fused import fused
 
+try:
+    from engine.ops.triton_norm import triton_gated_rms_norm, triton_rms_norm
+except ImportError:  # no Triton (CPU-only installs): the eager code serves every device
+    triton_rms_norm = triton_gated_rms_norm = None
+
+HALF = (torch.bfloat16, torch.float16)
+
 
 def _normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.float()
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-@fused
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool) -> torch.Tensor:
+def _scaled(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool) -> torch.Tensor:
     normed = _normalise(x, eps)
     if one_centred:
         # Qwen3-Next multiplies in float32 and casts last.
@@ -29,9 +40,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: boo
 
 
 @fused
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool) -> torch.Tensor:
+    return _scaled(x, weight, eps, one_centred)
+
+
+@fused
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(residual + x), residual + x): the sum is rounded to the dtype before the norm reads it, as eager."""
+    summed = residual + x
+    return _scaled(summed, weight, eps, one_centred), summed
+
+
+@fused
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     normed = weight * _normalise(x, eps).to(x.dtype)
     return (normed * F.silu(gate.float())).to(x.dtype)
+
+
+def _kernel_serves(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The Triton kernels take CUDA half-precision inputs with a weight of the same dtype (float32 is the reference)."""
+    return triton_rms_norm is not None and x.is_cuda and x.dtype in HALF and weight.dtype == x.dtype
 
 
 class RMSNorm(nn.Module):
@@ -43,8 +72,18 @@ class RMSNorm(nn.Module):
         self.one_centred = one_centred
         self.weight = nn.Parameter(torch.zeros(dim) if one_centred else torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, self.one_centred)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, in_place: bool = True
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """norm(x); with `residual`, (norm(residual + x), residual + x). `in_place=False` keeps `residual` intact
+        (the kernel writes the sum to a new tensor): for a residual that is someone else's tensor."""
+        if residual is None:
+            if _kernel_serves(x, self.weight):
+                return triton_rms_norm(x, self.weight, self.eps, self.one_centred)
+            return rms_norm(x, self.weight, self.eps, self.one_centred)
+        if _kernel_serves(x, self.weight):
+            summed = residual if in_place else torch.empty_like(x, memory_format=torch.contiguous_format)
+            return triton_rms_norm(x, self.weight, self.eps, self.one_centred, residual, summed), summed
+        return add_rms_norm(x, residual, self.weight, self.eps, self.one_centred)
 
 
 class GatedRMSNorm(nn.Module):
@@ -56,4 +95,6 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if _kernel_serves(x, self.weight):
+            return triton_gated_rms_norm(x, gate, self.weight, self.eps)
         return gated_rms_norm(x, gate, self.weight, self.eps)

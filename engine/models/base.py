@@ -53,15 +53,20 @@ class RangeCausalLM(nn.Module):
         """Token ids [tokens] on the first range, else hidden states [tokens, hidden] from the previous range.
 
         Returns hidden states [tokens, hidden], final-normed on the last range (feed them to compute_logits).
+        The layers carry the residual stream as (sublayer output, residual); see engine/layers/decoder.py.
         """
         hidden = self.embed_tokens(hidden_or_ids) if self.embed_tokens is not None else hidden_or_ids
         step = LayerStep(ctx, caches)
         if self.rotary is not None:
             step.paged = PagedMetadata.build(ctx)
             step.cos, step.sin = self.rotary.cos_sin(ctx.positions, hidden.dtype)
+        residual = None
         for layer in self.layers.values():
-            hidden = layer(hidden, step)
-        return self.norm(hidden) if self.norm is not None else hidden
+            hidden, residual = layer(hidden, residual, step)
+        if self.norm is None:
+            return residual + hidden  # the full state the next range receives
+        normed, _ = self.norm(hidden, residual)  # the last layer's add, fused into the final norm
+        return normed
 
     def compute_logits(self, hidden: torch.Tensor, ctx: StepContext | None) -> torch.Tensor:
         """Logits [num_seqs, vocab] of each sequence's last new token; every token's when ctx is None."""

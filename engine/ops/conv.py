@@ -1,7 +1,9 @@
 """GDN's short causal depthwise conv (+ SiLU) with a per-sequence state of the last kernel - 1 inputs.
 
 State layout per slot: [channels, kernel - 1], oldest input first. A prefill chunk continues from the saved
-state (zeros for a new sequence); a decode token slides the window by one.
+state (zeros for a new sequence); a decode token slides the window by one. A decode step on CUDA in half precision
+runs engine/ops/triton_gdn.py's kernel, which slides each slot in place (no gather or scatter of the states) and reads
+GDN's grouped projection output directly.
 """
 
 from __future__ import annotations
@@ -11,6 +13,13 @@ import torch.nn.functional as F
 
 from engine.context import StepContext
 from engine.fused import fused
+
+try:
+    from engine.ops.triton_gdn import triton_conv_decode
+except ImportError:  # no Triton (CPU-only installs): the PyTorch path serves every device
+    triton_conv_decode = None
+
+HALF = (torch.bfloat16, torch.float16)
 
 
 def conv_prefill(
@@ -44,11 +53,26 @@ def conv_decode(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor) -> t
     return F.silu(out).to(x.dtype), window[:, :, 1:]
 
 
-def conv_forward(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+def ungroup(x: torch.Tensor, segments: tuple[int, ...]) -> torch.Tensor:
+    """[tokens, groups, width] -> [tokens, channels]: each segment's columns of every group in turn (a copy)."""
+    starts = [sum(segments[:i]) for i in range(len(segments))]
+    return torch.cat([x[..., start:start + width].flatten(1) for start, width in zip(starts, segments, strict=True)],
+                     dim=-1)
+
+
+def conv_forward(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, ctx: StepContext,
+                 segments: tuple[int, ...] | None = None) -> torch.Tensor:
     """The whole step's tokens x [tokens, channels] (flat, batch order); reads and writes each sequence's slot.
+    With `segments`, x is [tokens, groups, width] and the channels are each segment's columns of every group in turn
+    (GDN's q, k, v of each key head, read from the projection output as it comes).
 
     Decode tokens (one new token on top of a cache) go through one batched window slide; prefill chunks one by one.
+    Returns [tokens, channels] in x's dtype.
     """
+    if ctx.decode is not None and triton_conv_decode is not None and x.is_cuda and x.dtype in HALF:
+        return triton_conv_decode(x, weight, conv_state, ctx.decode.slots, segments)
+    if segments is not None:
+        x = ungroup(x, segments)
     if ctx.decode is not None:  # every row decodes, in slot order of ctx.decode: no row gather or scatter
         out, states = conv_decode(x, weight, conv_state[ctx.decode.slots])
         conv_state[ctx.decode.slots] = states.to(conv_state.dtype)

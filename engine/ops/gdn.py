@@ -6,9 +6,10 @@ Decode tokens take this step directly, batched over sequences. A prefill chunk o
 with G_t the cumulative log-decay inside the chunk and S0 the state entering it, the corrections u solve the unit
 lower-triangular system (I + A) u = beta v - beta e^G K S0, A[t, s] = beta_t e^(G_t - G_s) k_t.k_s (s < t), so the
 chunk costs a few matmuls and one triangular solve instead of C sequential updates.
-On CUDA in half precision, fla's kernels run instead when the package is importable: its fused recurrent step for
-decode tokens and its chunked kernel (one varlen call) for prefill spans. Float32 stays on the PyTorch path: that is
-the precision the parity tests hold to.
+On CUDA in half precision, a step in which every sequence decodes runs engine/ops/triton_gdn.py's kernel: gates
+inside, each state slot stepped in place (no gather or scatter of the states). Other steps there use fla's kernels when
+the package is importable: its fused recurrent step for the decode rows of a mixed step and its chunked kernel (one
+varlen call) for prefill spans. Float32 stays on the PyTorch path: that is the precision the parity tests hold to.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ try:  # the fast path: flash-linear-attention's Triton kernels (CUDA only)
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as _fla_recurrent
 except ImportError:  # not installed: the PyTorch path below always works
     _fla_chunk = _fla_recurrent = None
+
+try:
+    from engine.ops.triton_gdn import triton_gdn_decode as gdn_decode_in_place
+except ImportError:  # no Triton (CPU-only installs): gdn_forward serves every step
+    gdn_decode_in_place = None
 
 CHUNK_SIZE = 64
 
@@ -84,6 +90,13 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
 
 def uses_fla(x: torch.Tensor) -> bool:
     return _fla_chunk is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def decodes_in_place(v: torch.Tensor, ctx: StepContext) -> bool:
+    """Whether this step runs gdn_decode_in_place(q, k, v, b, a, a_log, dt_bias, recurrent_state, ctx.decode.slots)
+    (every row decodes, CUDA, half precision) instead of gdn_gates + gdn_forward."""
+    return (gdn_decode_in_place is not None and ctx.decode is not None and v.is_cuda
+            and v.dtype in (torch.bfloat16, torch.float16))
 
 
 def gdn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -1,0 +1,128 @@
+"""RMSNorm as one Triton kernel per call: the residual add folded in, and GDN's gated form.
+
+Eager (or torch.compile'd) the pre-norm residual stream costs an add and a norm per sublayer, each a launch; here one
+program per row reads x and the residual once, writes the sum back into the residual (in place) and the normed row.
+Math is float32 and the roundings follow engine/layers/norm.py exactly: the sum is rounded to the input dtype (as the
+eager `x + mixer(x)` is), Llama's norm casts the normed row before scaling by w, Qwen3-Next's scales by (1 + w) in
+float32 and casts last, and the gated form rounds after the weight and again at the end.
+
+Rows are every leading dim flattened; a tensor is seen as [outer, inner, width] with its own two row strides, so the
+per-head q/k norm reads a strided slice of the projection output without a copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_offset(row, inner, stride_outer, stride_inner):
+    return (row // inner).to(tl.int64) * stride_outer + (row % inner).to(tl.int64) * stride_inner
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, residual_ptr, residual_out_ptr, weight_ptr, out_ptr, inner, width, eps,
+                     sx0, sx1, sr0, sr1, sq0, sq1, so0, so1,
+                     HAS_RESIDUAL: tl.constexpr, ONE_CENTRED: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < width
+    x = tl.load(x_ptr + _row_offset(row, inner, sx0, sx1) + cols, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + _row_offset(row, inner, sr0, sr1) + cols, mask=ok, other=0.0)
+        x = (residual.to(tl.float32) + x.to(tl.float32)).to(x.dtype)  # rounded as the eager add rounds
+        tl.store(residual_out_ptr + _row_offset(row, inner, sq0, sq1) + cols, x, mask=ok)
+    summed = x.to(tl.float32)
+    normed = summed * tl.rsqrt(tl.sum(summed * summed, axis=0) / width + eps)
+    weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    # Qwen3-Next scales in float32; Llama rounds the normed row to the input dtype before the weight.
+    y = normed * (1.0 + weight) if ONE_CENTRED else weight * normed.to(x.dtype).to(tl.float32)
+    tl.store(out_ptr + _row_offset(row, inner, so0, so1) + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, inner, width, eps, sx0, sx1, sg0, sg1, so0, so1,
+                           BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < width
+    x = tl.load(x_ptr + _row_offset(row, inner, sx0, sx1) + cols, mask=ok, other=0.0)
+    values = x.to(tl.float32)
+    normed = (values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)).to(x.dtype)
+    weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    scaled = (weight * normed.to(tl.float32)).to(x.dtype)  # eager: weight * normed in the input dtype
+    gate = tl.load(gate_ptr + _row_offset(row, inner, sg0, sg1) + cols, mask=ok, other=0.0).to(tl.float32)
+    y = scaled.to(tl.float32) * (gate * tl.sigmoid(gate))
+    tl.store(out_ptr + _row_offset(row, inner, so0, so1) + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """A view [outer, inner, width] of t with a unit last stride (a copy only where no such view exists)."""
+    if t.dim() == 1:
+        t = t[None, None]
+    elif t.dim() == 2:
+        t = t[:, None]
+    elif t.dim() > 3:
+        t = t.reshape(-1, t.shape[-2], t.shape[-1])
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _written_rows(t: torch.Tensor, like: torch.Tensor, name: str) -> torch.Tensor:
+    """Rows of a tensor the kernel writes: it must have x's shape and dtype and be viewable as rows without a copy."""
+    if t.shape != like.shape or t.dtype != like.dtype:
+        raise ValueError(f"{name} {tuple(t.shape)} {t.dtype} does not match x {tuple(like.shape)} {like.dtype}")
+    rows = _as_rows(t)
+    if rows.data_ptr() != t.data_ptr():
+        raise ValueError(f"{name} must be viewable as [rows, width] with a unit last stride: the kernel writes it")
+    return rows
+
+
+def _launch_shape(width: int) -> tuple[int, int]:
+    """BLOCK covers the row; about four elements a thread, up to eight warps."""
+    block = triton.next_power_of_2(width)
+    return block, min(8, max(1, block // 128))
+
+
+def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool,
+                    residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm over the last dim of x; with `residual` (x's shape) it normalises residual + x instead and writes that
+    sum into `residual_out` (default: `residual` itself, in place). Returns the normed tensor (`out` if given)."""
+    width = x.shape[-1]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+    xs, os_ = _as_rows(x), _written_rows(out, x, "out")
+    if residual is None:
+        rs = qs = xs  # never read: HAS_RESIDUAL is off
+    else:
+        rs = _as_rows(residual)
+        qs = _written_rows(residual if residual_out is None else residual_out, x, "residual_out")
+    rows, (block, warps) = xs.shape[0] * xs.shape[1], _launch_shape(width)
+    if rows == 0:  # an empty batch: nothing to launch
+        return out
+    _rms_norm_kernel[(rows,)](
+        xs, rs, qs, weight.contiguous(), os_, xs.shape[1], width, eps,
+        xs.stride(0), xs.stride(1), rs.stride(0), rs.stride(1), qs.stride(0), qs.stride(1), os_.stride(0),
+        os_.stride(1), HAS_RESIDUAL=residual is not None, ONE_CENTRED=one_centred, BLOCK=block, num_warps=warps,
+    )
+    return out
+
+
+def triton_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """GDN's gated RMSNorm over the last dim: weight * normalise(x), times silu(gate) (gate has x's shape).
+    Returns `out` (allocated if not given), in x's dtype."""
+    if gate.shape != x.shape:
+        raise ValueError(f"gate {tuple(gate.shape)} does not match x {tuple(x.shape)}")
+    width = x.shape[-1]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+    xs, gs, os_ = _as_rows(x), _as_rows(gate), _written_rows(out, x, "out")
+    rows, (block, warps) = xs.shape[0] * xs.shape[1], _launch_shape(width)
+    if rows == 0:
+        return out
+    _gated_rms_norm_kernel[(rows,)](
+        xs, gs, weight.contiguous(), os_, xs.shape[1], width, eps, xs.stride(0), xs.stride(1), gs.stride(0),
+        gs.stride(1), os_.stride(0), os_.stride(1), BLOCK=block, num_warps=warps,
+    )
+    return out
