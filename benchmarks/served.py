@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.multi_gpu_service import HttpEngine, Service
-from engine.bench_sweep import prompts_for
+from engine.bench_sweep import prompts_for, serving_shape
 from engine.config import ModelConfig
 from engine.sampler import SamplingParams
 from solvers.rig import load_rig
@@ -41,8 +41,7 @@ def rig_file(folder: Path, rig: str, memory: str | None, shape: dict) -> Path:
 def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: int, seed: int, rig: str,
                  memory: str | None, folder: Path) -> dict:
     config = ModelConfig.from_pretrained(checkpoint)
-    shape = {"max_num_seqs": max(batches), "max_num_batched_tokens": max(batches) * prompt_len,
-             "max_model_len": prompt_len + gen_len + 512}
+    shape = serving_shape(batches, prompt_len, gen_len)
     live: list[Service] = []
     started = time.perf_counter()
     service = Service("served", Path(checkpoint), str(rig_file(folder, rig, memory, shape)), [config.num_layers], live)

@@ -15,10 +15,21 @@ import torch
 from engine.config import ModelConfig
 from solvers.census import LayerKind
 
+PREFILL_BATCH = 64
+
 
 def prompts_for(vocab: int, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed + batch)
     return torch.randint(0, vocab, (batch, prompt_len), generator=generator).tolist()
+
+
+def serving_shape(batches: list[int], prompt_len: int, gen_len: int) -> dict:
+    """The shape both the `LLM` and the served sweep run: every batch decodes at once; a step prefills at most
+    PREFILL_BATCH prompts (the prefill target's shape: wider steps only add activation memory, which the planner's
+    workspace does not price beyond this — at 256 x 512 tokens `LLM` peaked 15 GB over a 60 GiB budget, H200,
+    2026-12-03)."""
+    return {"max_num_seqs": max(batches), "max_num_batched_tokens": min(max(batches), PREFILL_BATCH) * prompt_len,
+            "max_model_len": prompt_len + gen_len + 512}
 
 
 def _synced() -> float:
@@ -34,8 +45,7 @@ def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
 
     config = ModelConfig.from_pretrained(checkpoint)
     started = time.perf_counter()
-    llm = LLM(checkpoint, rig=rig, memory=memory, device=device, max_num_seqs=max(batches),
-              max_num_batched_tokens=max(batches) * prompt_len, max_model_len=prompt_len + gen_len + 512)
+    llm = LLM(checkpoint, rig=rig, memory=memory, device=device, **serving_shape(batches, prompt_len, gen_len))
     build_s = time.perf_counter() - started
     params = SamplingParams(max_tokens=gen_len, ignore_eos=True)
     llm.generate([list(range(8))], SamplingParams(max_tokens=4, ignore_eos=True))
@@ -49,12 +59,15 @@ def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
             while not all(seq.output_ids for seq in seqs):
                 llm.step()
             first = _synced()
+            # Decode is the steady state once every sequence has its first token: a batch prefilled over several
+            # steps has decoded some tokens of its first prompts by then, and those are not counted.
+            decoded = batch * gen_len - sum(len(seq.output_ids) for seq in seqs)
             while llm.scheduler.has_work:
                 llm.step()
-            timings.append((first - start, _synced() - first))
-        prefill_s, decode_s = min(t[0] for t in timings), min(t[1] for t in timings)
-        rows.append({"batch": batch, "prefill_s": prefill_s, "decode_s": decode_s,
-                     "prefill_tok_s": batch * prompt_len / prefill_s, "decode_tok_s": batch * (gen_len - 1) / decode_s,
+            timings.append((first - start, (_synced() - first) / decoded))
+        prefill_s, decode_s_per_token = min(t[0] for t in timings), min(t[1] for t in timings)
+        rows.append({"batch": batch, "prefill_s": prefill_s, "decode_s_per_token": decode_s_per_token,
+                     "prefill_tok_s": batch * prompt_len / prefill_s, "decode_tok_s": 1 / decode_s_per_token,
                      "token_ids": [seq.output_ids for seq in seqs]})
     return {"build_s": build_s, "graphs": llm.runner.graphs is not None, "rows": rows,
             "pool_tokens": llm.plan.pool_tokens, "step": batch1_step(llm, config, prompt_len),
