@@ -77,8 +77,9 @@ def in_fresh_process(function, *args):
 def run_tests(out: Path, timeout_s: float) -> dict:
     """The GPU path tests, their log kept whole; cut off after `timeout_s` so the bench after them still runs."""
     started = time.perf_counter()
-    files = ["tests/engine/test_gpu_paths.py", *sorted(str(p.relative_to(ROOT)) for p in
-                                                       (ROOT / "tests/engine").glob("test_kernel_*.py"))]
+    # Each kernel's own tests first: they are quick, and the whole-model tests after them may be cut off.
+    files = [*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/engine").glob("test_kernel_*.py")),
+             "tests/engine/test_gpu_paths.py"]
     # The interpreter tests run in CI on the CPU; here only what needs the card. The suite's root conftest serves the
     # console (Django), which the card's image lacks: the engine tests need only their own.
     command = [sys.executable, "-m", "pytest", *files, "-q", "-rs", "-p", "no:cacheprovider", "-k", "not interpreter",
@@ -134,6 +135,10 @@ def main() -> None:
     memory = "256MiB" if toy else "60GiB"
     rig = "cpu-single" if toy else "h200"
     ckpt = str(args.checkpoint)
+    # The served path first (what users get): `engine serve` through the OpenAI API (benchmarks/served.py).
+    result["served"] = served.served_sweep(ckpt, batches, prompt_len, gen_len, 0, rig, memory, args.out)
+    print("served:", {k: v for k, v in result["served"].items() if k != "rows"}, flush=True)
+    save()
     if not args.skip_transformers:
         result["transformers"] = in_fresh_process(bench_sweep.transformers_sweep, ckpt, batches, prompt_len, gen_len,
                                                   0, args.device)
@@ -146,10 +151,6 @@ def main() -> None:
     result["kernels_per_step"] = {k: v for k, v in profiles.items() if k.endswith("_kernels")}
     result["kernels_per_layer"] = {k: v / layers for k, v in result["kernels_per_step"].items()}
     print("engine:", {k: v for k, v in result["engine"].items() if k != "rows"}, result["kernels_per_step"], flush=True)
-    save()
-    # The served path: `engine serve` in its own process, through the OpenAI API (benchmarks/served.py).
-    result["served"] = served.served_sweep(ckpt, batches, prompt_len, gen_len, 0, rig, memory, args.out)
-    print("served:", {k: v for k, v in result["served"].items() if k != "rows"}, flush=True)
     save()
     if not args.skip_unfused:
         result["unfused_step"] = in_fresh_process(bench_sweep.unfused_step, ckpt, prompt_len, rig, memory,

@@ -3,7 +3,8 @@
 Expert weights are held fused as 3-D tensors (gate and up stacked), the layout transformers keeps in memory;
 the loader builds them from either checkpoint layout (per-expert tensors or fused).
 On CUDA in half precision the routed experts run as two fused Triton grouped GEMMs (engine/ops/triton_moe.py: SiLU·mul
-and the routing weights inside them); without Triton, bf16 runs two torch grouped matmuls over the pairs sorted by
+and the routing weights inside them; at decode sizes the routing and the sort by expert are one more launch,
+engine/ops/triton_route.py); without Triton, bf16 runs two torch grouped matmuls over the pairs sorted by
 expert. Both make no host synchronisation (a decode step can be captured in a CUDA graph) and read only the experts
 hit. Elsewhere each hit expert runs once on its tokens (the reference path).
 `SparseMoE.merge_projections()` stacks the router and the shared-expert gate into one [E + 1, H] tensor: one GEMV
@@ -21,9 +22,10 @@ from engine.layers.merge import stack_rows
 from engine.layers.mlp import GatedMLP, silu_mul
 
 try:
-    from engine.ops.triton_moe import fused_experts
+    from engine.ops.triton_moe import fused_experts, routed_experts
+    from engine.ops.triton_route import fits_one_launch
 except ImportError:  # no Triton (CPU-only installs): grouped_mm on CUDA bf16, the loop elsewhere
-    fused_experts = None
+    fused_experts = routed_experts = fits_one_launch = None
 
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
@@ -38,12 +40,25 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [tokens, hidden]; expert_ids, weights [tokens, top_k]."""
-        half = x.dtype in (torch.bfloat16, torch.float16) and self.gate_up_proj.dtype == x.dtype
-        if x.is_cuda and half and fused_experts is not None:
+        if self.runs_triton(x):
             return self.fused(x, expert_ids, weights)
         if x.is_cuda and x.dtype == torch.bfloat16:
             return self.grouped(x, expert_ids, weights)
         return self.looped(x, expert_ids, weights)
+
+    def runs_triton(self, x: torch.Tensor) -> bool:
+        """Whether the routed experts run as the Triton kernels: CUDA, half precision, Triton installed."""
+        half = x.dtype in (torch.bfloat16, torch.float16) and self.gate_up_proj.dtype == x.dtype
+        return x.is_cuda and half and fused_experts is not None
+
+    def routes_in_one_launch(self, x: torch.Tensor, top_k: int) -> bool:
+        """Whether routing and alignment run as one Triton launch (decode-sized batches on the Triton path)."""
+        return self.runs_triton(x) and fits_one_launch(x.shape[0], self.num_experts, top_k)
+
+    def fused_from_logits(self, x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
+                          norm_topk_prob: bool) -> torch.Tensor:
+        """The Triton path from the router's logits: one launch routes and aligns, then the two GEMM kernels."""
+        return routed_experts(x, router_logits, top_k, norm_topk_prob, self.gate_up_proj, self.down_proj)
 
     def fused(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The Triton path: gate_up GEMM with SiLU·mul, then down GEMM with the routing weights, per expert block."""
@@ -101,8 +116,11 @@ class SparseMoE(nn.Module):
         else:
             router_logits = self.gate(x)
             shared_logit = self.shared_expert_gate(x) if self.shared_expert_gate is not None else None
-        expert_ids, weights = route(router_logits, self.top_k, self.norm_topk_prob)
-        out = self.experts(x, expert_ids, weights)
+        if self.experts.routes_in_one_launch(x, self.top_k):
+            out = self.experts.fused_from_logits(x, router_logits, self.top_k, self.norm_topk_prob)
+        else:
+            expert_ids, weights = route(router_logits, self.top_k, self.norm_topk_prob)
+            out = self.experts(x, expert_ids, weights)
         if self.shared_expert is not None:
             out = gate_shared(out, shared_logit, self.shared_expert(x))
         return out

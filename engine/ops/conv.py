@@ -15,9 +15,10 @@ from engine.context import StepContext
 from engine.fused import fused
 
 try:
+    from engine.ops.triton_conv_prefill import triton_conv_prefill
     from engine.ops.triton_gdn import triton_conv_decode
 except ImportError:  # no Triton (CPU-only installs): the PyTorch path serves every device
-    triton_conv_decode = None
+    triton_conv_decode = triton_conv_prefill = None
 
 HALF = (torch.bfloat16, torch.float16)
 
@@ -66,11 +67,17 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor
     With `segments`, x is [tokens, groups, width] and the channels are each segment's columns of every group in turn
     (GDN's q, k, v of each key head, read from the projection output as it comes).
 
-    Decode tokens (one new token on top of a cache) go through one batched window slide; prefill chunks one by one.
-    Returns [tokens, channels] in x's dtype.
+    Decode tokens (one new token on top of a cache) go through one batched window slide; prefill chunks one by one,
+    or all at once on CUDA in half precision. Returns [tokens, channels] in x's dtype.
     """
-    if ctx.decode is not None and triton_conv_decode is not None and x.is_cuda and x.dtype in HALF:
-        return triton_conv_decode(x, weight, conv_state, ctx.decode.slots, segments)
+    if triton_conv_decode is not None and x.is_cuda and x.dtype in HALF:
+        if ctx.decode is not None:
+            return triton_conv_decode(x, weight, conv_state, ctx.decode.slots, segments)
+        out = x.new_empty((x.shape[0], weight.shape[0]))
+        if ctx.decode_rows is not None:  # distinct slots, none of them a prefill span's: any order
+            rows, slots = ctx.decode_rows
+            out[rows] = triton_conv_decode(x[rows], weight, conv_state, slots, segments)
+        return triton_conv_prefill(x, weight, conv_state, ctx.prefill_spans, segments, out=out)
     if segments is not None:
         x = ungroup(x, segments)
     if ctx.decode is not None:  # every row decodes, in slot order of ctx.decode: no row gather or scatter

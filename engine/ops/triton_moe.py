@@ -7,6 +7,8 @@ depend only on the number of pairs, so a captured CUDA graph serves any routing.
             per pair, no separate silu_mul);
   kernel 2: y[pair] = weight[pair] * (h @ down[e]^T), scattered back to the pair's own row;
   out = y.view(tokens, top_k, hidden).sum(1): deterministic, no atomics.
+For decode-sized batches `routed_experts` starts from the router's logits: routing and align in one launch
+(engine/ops/triton_route.py) instead of route's and align's ~9 small kernels.
 Only the experts hit are read, each once per M-block. Accumulation in float32, one cast at each store. Runs under
 TRITON_INTERPRET=1 on CPU tensors too (that is how CI checks it).
 """
@@ -20,6 +22,7 @@ import triton
 import triton.language as tl
 
 from engine.fused import fused
+from engine.ops.triton_route import route_and_align
 
 
 @dataclass(frozen=True)
@@ -186,13 +189,32 @@ def fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tens
     """x [tokens, hidden]; expert_ids, weights [tokens, top_k]; gate_up_proj [E, 2I, hidden] (gate rows first);
     down_proj [E, hidden, I] -> [tokens, hidden] in x's dtype. `block_m` overrides the tile choice (tests)."""
     tokens, top_k = expert_ids.shape
-    num_experts, hidden = gate_up_proj.shape[0], gate_up_proj.shape[2]
+    num_experts = gate_up_proj.shape[0]
     num_pairs = tokens * top_k
     if num_pairs == 0:
         return torch.zeros_like(x)
     config = CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
     num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
     sorted_pair_ids, block_expert, _ = align(expert_ids, num_experts, config.block_m, num_blocks)
+    return _aligned_experts(x, sorted_pair_ids, block_expert, weights, gate_up_proj, down_proj, config)
+
+
+def routed_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
+                   gate_up_proj: torch.Tensor, down_proj: torch.Tensor, block_m: int | None = None) -> torch.Tensor:
+    """fused_experts from the router's logits [tokens, E]: routing and alignment in one launch (triton_route; the
+    caller checks fits_one_launch), then the two kernels. Three launches and the sum in all."""
+    tokens, num_experts = router_logits.shape
+    config = CONFIGS[block_m or pick_block_m(tokens * top_k, num_experts)]
+    num_blocks = num_blocks_for(tokens * top_k, num_experts, config.block_m)
+    _, weights, sorted_pair_ids, block_expert, _ = route_and_align(router_logits, top_k, norm_topk_prob,
+                                                                   config.block_m, num_blocks)
+    return _aligned_experts(x, sorted_pair_ids, block_expert, weights, gate_up_proj, down_proj, config)
+
+
+def _aligned_experts(x: torch.Tensor, sorted_pair_ids: torch.Tensor, block_expert: torch.Tensor,
+                     weights: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                     config: TileConfig) -> torch.Tensor:
+    tokens, top_k = weights.shape
     h = gate_up_silu(x, gate_up_proj, sorted_pair_ids, block_expert, top_k, config)
     y = down_weighted(h, down_proj, sorted_pair_ids, block_expert, weights.reshape(-1).contiguous(), config)
-    return y.view(tokens, top_k, hidden).sum(1)
+    return y.view(tokens, top_k, x.shape[1]).sum(1)
