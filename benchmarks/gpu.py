@@ -167,7 +167,9 @@ def write_report(result: dict, out: Path) -> None:
              f"{'decode tok/s LLM':>17} {'served':>9} {'x':>5} {'transformers':>13} served tokens = LLM"]
     for ours, served_row, theirs in zip(result["engine"]["rows"], result["served"]["rows"], theirs_rows, strict=True):
         tokens = ours.pop("token_ids")
-        same = served_row.pop("token_ids") == tokens
+        same = served_row.pop("token_ids", None) == tokens
+        if "error" in served_row:  # the served batch failed: its error is in the JSON, its figures are not
+            served_row = {**served_row, "prefill_tok_s": float("nan"), "decode_tok_s": float("nan")}
         ours["served_tokens_equal"] = same
         prefill_theirs = decode_theirs = "-"
         if theirs is not None:

@@ -51,8 +51,12 @@ def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
         engine = HttpEngine(service.url, Path(checkpoint))
         engine.complete(list(range(8)), 4)  # warm-up: the first prefill compiles what capture did not
         params = SamplingParams(max_tokens=gen_len, ignore_eos=True)
-        rows = [_one_batch(engine, prompts_for(config.vocab_size, batch, prompt_len, seed), params)
-                for batch in batches]
+        rows = []
+        for batch in batches:  # a batch that fails is recorded with its error; the ones before it are kept
+            try:
+                rows.append(_one_batch(engine, prompts_for(config.vocab_size, batch, prompt_len, seed), params))
+            except (RuntimeError, TimeoutError) as error:
+                rows.append({"batch": batch, "error": str(error)[:2000]})
         state = engine.state()
         engine.close()
     finally:
