@@ -24,23 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.ops.triton_gdn import channel_offsets
+
 BLOCK_T = 32  # tokens per conv program
 BLOCK_C = 128  # channels per program (both kernels)
 Span = tuple[int, int, int, bool]  # (start, end, slot, continues) in the step's flat tokens
-
-
-@triton.jit
-def _channel_offsets(c, sx1, sx2, GROUPS: tl.constexpr, SEG0: tl.constexpr, SEG1: tl.constexpr,
-                     SEG2: tl.constexpr):
-    """Offset of conv channel c within a row of x: column `column` of group `group`, segment by segment, every group
-    in turn (the addressing of triton_gdn.py's decode conv)."""
-    end0 = GROUPS * SEG0
-    end1 = end0 + GROUPS * SEG1
-    in0, in1 = c < end0, c < end1
-    width = tl.maximum(tl.where(in0, SEG0, tl.where(in1, SEG1, SEG2)), 1)  # >= 1: tail lanes past the end
-    local = c - tl.where(in0, 0, tl.where(in1, end0, end1))
-    column = tl.where(in0, 0, tl.where(in1, SEG0, SEG0 + SEG1)) + local % width
-    return (local // width).to(tl.int64) * sx1 + column.to(tl.int64) * sx2
 
 
 @triton.jit
@@ -57,7 +45,7 @@ def _conv_prefill_kernel(x_ptr, weight_ptr, state_ptr, meta_ptr, out_ptr, num_ro
     continues = tl.load(meta_ptr + 3 * num_rows + i, mask=i_ok, other=0) != 0
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < channels
-    x_columns = _channel_offsets(c, sx1, sx2, GROUPS, SEG0, SEG1, SEG2)[None, :]
+    x_columns = channel_offsets(c, sx1, sx2, GROUPS, SEG0, SEG1, SEG2)[None, :]
     history = state_ptr + slot[:, None] * ss0 + c[None, :].to(tl.int64) * ss1
     ok = i_ok[:, None] & c_ok[None, :]
     acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
@@ -90,7 +78,7 @@ def _conv_state_kernel(x_ptr, state_ptr, meta_ptr, num_spans, channels, sx0, sx1
     ok = c_ok[:, None] & (tap < KERNEL - 1)
     p = end - (KERNEL - 1) + tap  # the input that becomes this tap
     from_x = p >= start
-    x_columns = _channel_offsets(c, sx1, sx2, GROUPS, SEG0, SEG1, SEG2)[:, None]
+    x_columns = channel_offsets(c, sx1, sx2, GROUPS, SEG0, SEG1, SEG2)[:, None]
     x = tl.load(x_ptr + tl.where(from_x, p, start) * sx0 + x_columns, mask=ok & from_x, other=0.0)
     history = state_ptr + slot * ss0 + c[:, None].to(tl.int64) * ss1
     back = tl.minimum(tap + (end - start), KERNEL - 2)  # an old tap, newer by the span's length

@@ -51,6 +51,19 @@ def _store_to_copies(out_ptr, value, column_offsets, column_mask, slots_ptr, slo
 
 
 @triton.jit
+def channel_offsets(c, sx1, sx2, GROUPS: tl.constexpr, SEG0: tl.constexpr, SEG1: tl.constexpr, SEG2: tl.constexpr):
+    """Offset of conv channel c within a row of x [.., groups, width]: channel c is column `column` of group `group`,
+    segment by segment, every group in turn (GDN's q, k, v of each key head, read as the projection lays them out)."""
+    end0 = GROUPS * SEG0
+    end1 = end0 + GROUPS * SEG1
+    in0, in1 = c < end0, c < end1
+    width = tl.maximum(tl.where(in0, SEG0, tl.where(in1, SEG1, SEG2)), 1)  # >= 1: tail lanes past the end
+    local = c - tl.where(in0, 0, tl.where(in1, end0, end1))
+    column = tl.where(in0, 0, tl.where(in1, SEG0, SEG0 + SEG1)) + local % width
+    return (local // width).to(tl.int64) * sx1 + column.to(tl.int64) * sx2
+
+
+@triton.jit
 def _conv_decode_kernel(x_ptr, weight_ptr, state_ptr, slots_ptr, out_ptr, num_seqs, channels,
                         sx0, sx1, sx2, sw0, sw1, ss0, ss1, ss2, so0, so1,
                         GROUPS: tl.constexpr, SEG0: tl.constexpr, SEG1: tl.constexpr, SEG2: tl.constexpr,
@@ -62,14 +75,7 @@ def _conv_decode_kernel(x_ptr, weight_ptr, state_ptr, slots_ptr, out_ptr, num_se
         row = seq.to(tl.int64)
         c = block * BLOCK_C + tl.arange(0, BLOCK_C)
         c_ok = c < channels
-        # Channel c of the conv is column `column` of group `group` of x: segment by segment, every group in turn.
-        end0 = GROUPS * SEG0
-        end1 = end0 + GROUPS * SEG1
-        in0, in1 = c < end0, c < end1
-        width = tl.maximum(tl.where(in0, SEG0, tl.where(in1, SEG1, SEG2)), 1)  # >= 1: tail lanes past the end
-        local = c - tl.where(in0, 0, tl.where(in1, end0, end1))
-        column = tl.where(in0, 0, tl.where(in1, SEG0, SEG0 + SEG1)) + local % width
-        x = tl.load(x_ptr + row * sx0 + (local // width) * sx1 + column * sx2, mask=c_ok, other=0.0)
+        x = tl.load(x_ptr + row * sx0 + channel_offsets(c, sx1, sx2, GROUPS, SEG0, SEG1, SEG2), mask=c_ok, other=0.0)
         tap = tl.arange(0, K_PAD)[None, :]
         history = state_ptr + slot * ss0 + c[:, None] * ss1
         old = tl.load(history + tap * ss2, mask=c_ok[:, None] & (tap < KERNEL - 1), other=0.0)
