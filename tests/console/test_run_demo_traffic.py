@@ -118,6 +118,10 @@ def test_it_backs_off_while_refused_logs_once_and_recovers(engine, caplog):
         assert gaps[3] < 1.0, gaps  # the ceiling holds (0.4 s plus the request)
         refused = [record for record in caplog.records if record.levelno == logging.WARNING]
         assert len(refused) == 1 and "503" in refused[0].getMessage(), [r.getMessage() for r in caplog.records]
+        # The engine counts a request when it arrives, the client its failure once the answer is back: wait for it.
+        deadline = time.monotonic() + 5
+        while traffic.failed < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert traffic.failed >= 5 and traffic.running
         engine.status = 200
         answered = len(engine.requests)
