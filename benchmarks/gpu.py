@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--tests-timeout-s", type=float, default=300.0)
     parser.add_argument("--skip-transformers", action="store_true", help="leave out transformers' own sweep")
     parser.add_argument("--skip-unfused", action="store_true", help="leave out the step with fusion off")
+    parser.add_argument("--skip-served", action="store_true", help="leave out the served sweep (`engine serve`)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     toy = args.toy or args.device == "cpu"
@@ -136,9 +137,10 @@ def main() -> None:
     rig = "cpu-single" if toy else "h200"
     ckpt = str(args.checkpoint)
     # The served path first (what users get): `engine serve` through the OpenAI API (benchmarks/served.py).
-    result["served"] = served.served_sweep(ckpt, batches, prompt_len, gen_len, 0, rig, memory, args.out)
-    print("served:", {k: v for k, v in result["served"].items() if k != "rows"}, flush=True)
-    save()
+    if not args.skip_served:
+        result["served"] = served.served_sweep(ckpt, batches, prompt_len, gen_len, 0, rig, memory, args.out)
+        print("served:", {k: v for k, v in result["served"].items() if k != "rows"}, flush=True)
+        save()
     if not args.skip_transformers:
         result["transformers"] = in_fresh_process(bench_sweep.transformers_sweep, ckpt, batches, prompt_len, gen_len,
                                                   0, args.device)
@@ -162,13 +164,15 @@ def main() -> None:
 
 def write_report(result: dict, out: Path) -> None:
     """The table: per batch, the engine's `LLM` and served figures (served / LLM), and transformers' where run."""
-    theirs_rows = result.get("transformers", {}).get("rows") or [None] * len(result["engine"]["rows"])
+    count = len(result["engine"]["rows"])
+    theirs_rows = result.get("transformers", {}).get("rows") or [None] * count
+    served_rows = result.get("served", {}).get("rows") or [{"error": "not run"}] * count
     lines = [f"{'batch':>5} {'prefill tok/s LLM':>18} {'served':>9} {'x':>5} {'transformers':>13} "
              f"{'decode tok/s LLM':>17} {'served':>9} {'x':>5} {'transformers':>13} served tokens = LLM"]
-    for ours, served_row, theirs in zip(result["engine"]["rows"], result["served"]["rows"], theirs_rows, strict=True):
+    for ours, served_row, theirs in zip(result["engine"]["rows"], served_rows, theirs_rows, strict=True):
         tokens = ours.pop("token_ids")
-        same = served_row.pop("token_ids", None) == tokens
-        if "error" in served_row:  # the served batch failed: its error is in the JSON, its figures are not
+        same = "token_ids" in served_row and served_row.pop("token_ids") == tokens
+        if "error" in served_row:  # the served batch failed or was not run: no figures
             served_row = {**served_row, "prefill_tok_s": float("nan"), "decode_tok_s": float("nan")}
         ours["served_tokens_equal"] = same
         prefill_theirs = decode_theirs = "-"
@@ -186,6 +190,9 @@ def write_report(result: dict, out: Path) -> None:
                  f"{step['kv_bytes'] / 1e6:.1f} MB): {step['bytes_per_s'] / 1e12:.3f} TB/s = "
                  f"{step['bytes_per_s'] / copy['bytes_per_s']:.1%} of the copy bandwidth "
                  f"{copy['bytes_per_s'] / 1e12:.3f} TB/s")
+    if step.get("replay_s"):
+        lines.append(f"batch-1 graph replay alone {step['replay_s'] * 1e3:.3f} ms: the host adds "
+                     f"{(step['step_s'] - step['replay_s']) * 1e3:.3f} ms a step")
     lines.append("kernels per layer: " + ", ".join(f"{k} {v:.1f}" for k, v in result["kernels_per_layer"].items()))
     result["table"] = lines
     (out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))

@@ -87,8 +87,8 @@ def unfused_step(checkpoint: str, prompt_len: int, rig: str, memory: str | None,
 
 
 def profile(llm, prompt_len: int, rows: int = 25, wide: int = 64) -> dict:
-    """Device time by kernel of one batch-1 prefill, one eager (graph-less) batch-1 decode step, and one prefill of
-    `wide` prompts at once (the prefill target's shape)."""
+    """Device time by kernel of one batch-1 prefill, one eager (graph-less) batch-1 decode step, one prefill of `wide`
+    prompts at once (the prefill target's shape) and one eager decode step of those `wide` sequences."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -97,13 +97,17 @@ def profile(llm, prompt_len: int, rows: int = 25, wide: int = 64) -> dict:
     tables, graphs = {}, llm.runner.graphs
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     wide = min(wide, llm.shape.max_num_seqs)
-    for name in ("prefill", "decode", f"prefill_{wide}"):
-        llm.runner.graphs = None if name == "decode" else graphs
-        if name != "decode":
-            while llm.scheduler.has_work:  # the batch-1 sequence ends before the wide prefill starts
+    for name in ("prefill", "decode", f"prefill_{wide}", f"decode_{wide}"):
+        decode = name.startswith("decode")
+        llm.runner.graphs = None if decode else graphs
+        if not decode:
+            while llm.scheduler.has_work:  # the earlier sequences end before a prefill starts
                 llm.step()
-            for prompt in prompts_for(llm.config.vocab_size, 1 if name == "prefill" else wide, prompt_len, 1):
-                llm.submit(prompt, params)
+            seqs = [llm.submit(prompt, params)
+                    for prompt in prompts_for(llm.config.vocab_size, 1 if name == "prefill" else wide, prompt_len, 1)]
+        else:
+            while not all(seq.output_ids for seq in seqs):  # a decode step: every sequence past its prompt
+                llm.step()
         _synced()
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             llm.step()
@@ -131,7 +135,21 @@ def batch1_step(llm, config: ModelConfig, context: int, steps: int = 200) -> dic
     times.sort()
     step_s = times[len(times) // 2]
     read = bytes_read_per_decode_step(llm.model, config, context + len(seq.output_ids) // 2)
-    return {"step_s": step_s, "steps": len(times), **read, "bytes_per_s": read["total_bytes"] / step_s}
+    return {"step_s": step_s, "steps": len(times), "replay_s": replay_time(llm), **read,
+            "bytes_per_s": read["total_bytes"] / step_s}
+
+
+def replay_time(llm, replays: int = 100) -> float | None:
+    """Device time of one batch-1 decode graph replayed back to back (no host work between): the step time minus
+    this is what the host adds (scheduling, inputs, sampling, the round trip)."""
+    if llm.runner.graphs is None:
+        return None
+    graph, _ = llm.runner.graphs.graphs[1]
+    graph.replay()
+    start = _synced()
+    for _ in range(replays):
+        graph.replay()
+    return (_synced() - start) / replays
 
 
 def bytes_read_per_decode_step(model: torch.nn.Module, config: ModelConfig, context: int) -> dict:

@@ -15,10 +15,12 @@ overwrites before it reads them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from engine.caches import LayerCaches
-from engine.context import DecodeBatch, StepContext, StepPlan
+from engine.context import DecodeBatch, DecodeRows, StepContext, StepPlan
 from engine.models import RangeCausalLM
 
 LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -34,39 +36,75 @@ def can_capture(model: RangeCausalLM, device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and weight.dtype == torch.bfloat16
 
 
+class StagedInputs:
+    """One graph's integer inputs (token ids on a first range, positions and the DecodeBatch) carved from one device
+    buffer, with a pinned host twin of the same layout: a step fills the host arrays (numpy, vectorised) and moves
+    them in one asynchronous copy, instead of a tensor and a blocking copy per field."""
+
+    def __init__(self, size: int, width: int, token_ids: bool, device: torch.device):
+        fields = [("positions", torch.long, (size,)), ("slots", torch.long, (size,)),
+                  ("slot_mapping", torch.long, (size,)), ("context_lens", torch.int32, (size,)),
+                  ("block_table", torch.int32, (size, width))]
+        if token_ids:
+            fields.insert(0, ("token_ids", torch.long, (size,)))
+        offsets, total = [], 0
+        for _, dtype, shape in fields:
+            offsets.append(total)
+            total += -(-math.prod(shape) * dtype.itemsize // 8) * 8  # every field 8-byte aligned
+        self.device_bytes = torch.zeros(total, dtype=torch.uint8, device=device)
+        self.host_bytes = torch.zeros(total, dtype=torch.uint8, pin_memory=True)
+
+        def carve(buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {name: buffer[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+                    for (name, dtype, shape), offset in zip(fields, offsets, strict=True)}
+
+        self.device = carve(self.device_bytes)
+        self.host = {name: tensor.numpy() for name, tensor in carve(self.host_bytes).items()}
+        self.rows = DecodeRows(self.host["slots"], self.host["block_table"], self.host["context_lens"],
+                               self.host["slot_mapping"])
+        self.batch = DecodeBatch(self.device["slots"], self.device["block_table"], self.device["context_lens"],
+                                 self.device["slot_mapping"])
+        self.copied = torch.cuda.Event()  # the host arrays are free to refill once the last copy has left them
+        self.copied.record()
+
+    def load(self, plan: StepPlan, pad: int, block_size: int) -> None:
+        """Fill the host arrays with the plan's sequences (then `pad` copies of its first) and copy them over."""
+        def padded(values: list) -> list:
+            return values + values[:1] * pad
+
+        self.copied.synchronize()
+        self.rows.fill(padded(plan.cached_lens), padded(plan.state_slots), padded(plan.block_tables), block_size)
+        self.host["positions"][:] = padded(plan.cached_lens)
+        if "token_ids" in self.host:
+            self.host["token_ids"][:] = padded(plan.token_ids)
+        self.device_bytes.copy_(self.host_bytes, non_blocking=True)
+        self.copied.record()
+
+
 class DecodeGraphs:
     def __init__(self, model: RangeCausalLM, caches: LayerCaches, block_size: int, max_num_seqs: int,
                  max_model_len: int, device: torch.device):
         self.model, self.caches, self.block_size, self.device = model, caches, block_size, device
         self.sizes = graph_sizes(max_num_seqs)
-        self.width = -(-max_model_len // block_size)
-        most = self.sizes[-1]
-        if model.is_first:
-            self.inputs = torch.zeros(most, dtype=torch.long, device=device)
-        else:
+        width = -(-max_model_len // block_size)
+        # Each size has its own inputs, so a step copies exactly its rows.
+        self.staged = {size: StagedInputs(size, width, model.is_first, device) for size in self.sizes}
+        self.hidden_inputs: dict[int, torch.Tensor] = {}
+        if not model.is_first:
             dtype = next(model.parameters()).dtype
-            self.inputs = torch.zeros((most, model.config.hidden_size), dtype=dtype, device=device)
-        self.positions = torch.zeros(most, dtype=torch.long, device=device)
-        self.buffers = DecodeBatch(
-            slots=torch.zeros(most, dtype=torch.long, device=device),
-            block_table=torch.zeros((most, self.width), dtype=torch.int32, device=device),
-            context_lens=torch.ones(most, dtype=torch.int32, device=device),
-            slot_mapping=torch.zeros(most, dtype=torch.long, device=device))
+            self.hidden_inputs = {size: torch.zeros((size, model.config.hidden_size), dtype=dtype, device=device)
+                                  for size in self.sizes}
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
             self.graphs[size] = self._capture(size, pool)
 
-    def _context(self, size: int) -> StepContext:
-        b = self.buffers
-        decode = DecodeBatch(b.slots[:size], b.block_table[:size], b.context_lens[:size],
-                             b.slot_mapping[:size])
-        return StepContext([1] * size, [1] * size, [0] * size, [[0]] * size, self.block_size, self.positions[:size],
-                           decode)
-
     def _forward(self, size: int) -> tuple[torch.Tensor, ...]:
-        ctx = self._context(size)
-        hidden = self.model(self.inputs[:size], ctx, self.caches)
+        staged = self.staged[size]
+        ctx = StepContext([1] * size, [1] * size, [0] * size, [[0]] * size, self.block_size,
+                          staged.device["positions"], staged.batch)
+        inputs = staged.device["token_ids"] if self.model.is_first else self.hidden_inputs[size]
+        hidden = self.model(inputs, ctx, self.caches)
         if not self.model.is_last:
             return (hidden,)
         logits = self.model.compute_logits(hidden, ctx).float()
@@ -74,6 +112,7 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def _capture(self, size: int, pool: tuple) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+        self.staged[size].device["context_lens"].fill_(1)  # warm-up and capture read one cached token each
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -94,21 +133,11 @@ class DecodeGraphs:
         each cut to the plan's sequences. `hidden` is the previous rank's output where this range is not first."""
         count = plan.num_seqs
         size = next(s for s in self.sizes if s >= count)
-        pad = size - count
-
-        def padded(values: list) -> list:
-            return values + values[:1] * pad
-
-        host = DecodeBatch.build(padded(plan.cached_lens), padded(plan.state_slots), padded(plan.block_tables),
-                                 self.block_size, "cpu", width=self.width)
-        if hidden is None:
-            self.inputs[:size].copy_(torch.tensor(padded(plan.token_ids)), non_blocking=True)
-        else:
-            self.inputs[:count].copy_(hidden)
-            self.inputs[count:size].copy_(hidden[:1].expand(pad, -1))
-        self.positions[:size].copy_(torch.tensor(padded(plan.cached_lens)), non_blocking=True)
-        for name in ("slots", "block_table", "context_lens", "slot_mapping"):
-            getattr(self.buffers, name)[:size].copy_(getattr(host, name), non_blocking=True)
+        self.staged[size].load(plan, size - count, self.block_size)
+        if hidden is not None:
+            inputs = self.hidden_inputs[size]
+            inputs[:count].copy_(hidden)
+            inputs[count:].copy_(hidden[:1].expand(size - count, -1))
         graph, outputs = self.graphs[size]
         graph.replay()
         return tuple(output[:count] for output in outputs)

@@ -64,10 +64,12 @@ class StepLogits:
         ready = [i for i, param in enumerate(sampling) if param is not None]
         if not ready:
             return cls([], {})
-        index = torch.tensor(ready, dtype=torch.long, device=logits.device)
-        picked = (torch.argmax(logits, dim=-1) if argmax is None else argmax)[index].tolist()
+        argmax = torch.argmax(logits, dim=-1) if argmax is None else argmax
+        if len(ready) < len(sampling):  # only some rows yield a token (chunked prefills): pick theirs
+            argmax = argmax[torch.tensor(ready, dtype=torch.long, device=logits.device)]
+        picked = argmax.tolist()
         drawn = [n for n, i in enumerate(ready) if not sampling[i].greedy]
-        rows = logits[index[drawn]].float().cpu() if drawn else []
+        rows = logits[torch.tensor([ready[n] for n in drawn], device=logits.device)].float().cpu() if drawn else []
         return cls(picked, dict(zip(drawn, rows, strict=True)))
 
 
