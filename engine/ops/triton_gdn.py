@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_V = 32  # value columns per GDN program: a [key_dim, 32] float32 state tile
+GDN_TILE = (32, 4)  # (value columns per GDN program: a [key_dim, 32] float32 state tile; warps)
 BLOCK_C = 256  # channels per conv program
 COPY_ROWS = 16  # rows scanned at a time when an output goes to a slot's copies
 
@@ -160,22 +160,23 @@ def triton_conv_decode(x: torch.Tensor, weight: torch.Tensor, state: torch.Tenso
 
 def triton_gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                       a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, tile: tuple[int, int] = GDN_TILE) -> torch.Tensor:
     """One token per sequence, any strides: q, k [seqs, key_heads, key_dim]; v [seqs, heads, value_dim]; b, a
     [seqs, heads] or [seqs, key_heads, heads // key_heads]; a_log, dt_bias [heads]; state [num_slots, heads,
     key_dim, value_dim] (any float dtype, float32 math), stepped in place at rows `slots` [seqs] (rows sharing a slot
     must be copies).
-    Returns out [seqs, heads, value_dim] in v's dtype (written into `out` if given)."""
+    Returns out [seqs, heads, value_dim] in v's dtype (written into `out` if given). `tile` is (value columns per
+    program, warps): benchmarks/kernel_speed.py measures the choices on the card."""
     seqs, key_heads, key_dim = k.shape
     heads, value_dim = v.shape[1], v.shape[2]
     group = heads // key_heads
     b, a = (t.unflatten(1, (key_heads, group)) if t.dim() == 2 else t for t in (b, a))
     out = torch.empty((seqs, heads, value_dim), dtype=v.dtype, device=v.device) if out is None else out
-    block_v = min(BLOCK_V, triton.next_power_of_2(value_dim))
+    block_v, warps = min(tile[0], triton.next_power_of_2(value_dim)), tile[1]
     _gdn_decode_kernel[(seqs, heads, triton.cdiv(value_dim, block_v))](
         q, k, v, b, a, a_log.contiguous(), dt_bias.contiguous(), state, slots.contiguous(), out, seqs, key_dim ** -0.5,
         *q.stride(), *k.stride(), *v.stride(), *b.stride(), *a.stride(), *state.stride(), *out.stride(),
         GROUP=group, KEY_DIM=key_dim, VALUE_DIM=value_dim, K_PAD=triton.next_power_of_2(key_dim), BLOCK_V=block_v,
-        SEQS_PAD=max(16, triton.next_power_of_2(seqs)), COPY_ROWS=COPY_ROWS, num_warps=4,
+        SEQS_PAD=max(16, triton.next_power_of_2(seqs)), COPY_ROWS=COPY_ROWS, num_warps=warps,
     )
     return out
