@@ -1,9 +1,12 @@
-"""GDN's prefill conv kernel (engine/ops/triton_conv_prefill.py) against the PyTorch per-span path (conv_prefill).
+"""GDN's prefill conv kernels (engine/ops/triton_conv_prefill.py) against the PyTorch per-span path (conv_prefill).
 
-On the CPU, Triton's interpreter runs it in float32 (held to 1e-5): spans of 1, 2, 3, 7 and 40 tokens (shorter and
+On the CPU, Triton's interpreter runs them in float32 (held to 1e-5): spans of 1, 2, 3, 7 and 40 tokens (shorter and
 longer than kernel - 1), fresh and continuing, on shuffled slots (untouched slots keep their bytes), with rows between
 spans that no span owns (a mixed step's decode rows: they must stay unwritten), grouped and plain strided inputs,
-channel tails. On a GPU, bf16 at Qwen3-Next's sizes (8192 channels, 64 spans x 512) against float32 (1e-2), and the
+channel tails; segment widths that give aligned channel runs of 16 to 128 columns (several runs per segment too) and
+masked ones; spans longer than a token tile, packed back to back so tiles hold one span's end and the next one's
+start, heads straddling tiles, continuing spans shorter than kernel - 1. On a GPU, bf16 and float32 at Qwen3-Next's
+sizes (8192 channels: 64 spans x 512, 2,048 tokens over 4 uneven spans) against float32 (1e-2 and 1e-5), and the
 wiring through conv_forward in a mixed step.
 """
 
@@ -84,6 +87,45 @@ def test_conv_prefill_kernel_matches_the_pytorch_path_in_the_interpreter():
                                                                                        stray)
 
 
+def test_tiles_are_aligned_runs_dividing_every_segment_width_or_masked():
+    from engine.ops.triton_conv_prefill import conv_prefill_tiles
+
+    aligned = {(128, 128, 256): 128, (32, 32, 64): 32, (64, 64, 128): 64, (16, 48): 16, (8192,): 128}
+    for segments, block_c in aligned.items():
+        tiles = conv_prefill_tiles(segments)
+        assert tiles.aligned and tiles.block_c == block_c, (segments, tiles)
+        assert all(width % tiles.block_c == 0 for width in segments)
+    masked = {(4, 4, 6): 8, (100,): 128, (8, 8, 24): 32}  # no power of two >= 16 divides them
+    for segments, block_c in masked.items():
+        tiles = conv_prefill_tiles(segments)
+        assert not tiles.aligned and tiles.block_c == block_c, (segments, tiles)
+
+
+def test_conv_prefill_kernel_tiles_and_span_edges_in_the_interpreter():
+    """Aligned runs of 32, 64, 16 and 128 columns (two runs per segment for some), spans longer than a token tile
+    packed back to back (tiles holding one span's end and the next one's start, heads straddling a tile boundary),
+    continuing spans of 1 and 2 tokens (shorter than kernel - 1) between long ones; kernels of 4, 3 and 2."""
+    from engine.ops.triton_conv_prefill import BLOCK_T
+
+    tile = BLOCK_T
+    cases = [
+        # Span 0 ends inside tile 0, span 1 (continuing) starts there; span 3's head straddles tiles 1 and 2.
+        f"3, lengths=({tile - 6}, 1, {tile + 3}, 40, 2, {2 * tile}), num_slots=9, groups=2, segments=(32, 32, 64), "
+        "kernel=4, gap=0",
+        f"4, lengths=(2, {tile + 1}, 1, {tile - 1}), num_slots=4, groups=3, segments=(64, 64, 128), kernel=4",
+        f"5, lengths=({tile + 30}, 3, 2, {tile}), num_slots=6, groups=2, segments=(16, 48), kernel=3, gap=0",
+        f"6, lengths=(1, 2, {tile}, {tile + 2}), num_slots=5, groups=1, segments=(256,), kernel=2, grouped=False, "
+        "gap=1",
+    ]
+    lines = "\n".join(f"print(*check_prefill({case}), sep='\\n')" for case in cases)
+    values = run_interpreted(f"from test_kernel_conv_prefill import check_prefill\n{lines}")
+    assert len(values) == 4 * len(cases)
+    for i, case in enumerate(cases):
+        out, state, untouched, stray = values[4 * i:4 * i + 4]
+        assert out <= FP32 and state <= FP32 and untouched == 0.0 and stray == 0.0, (case, out, state, untouched,
+                                                                                       stray)
+
+
 # --- on a GPU: bf16 at Qwen3-Next's sizes against the float32 reference -----------------------------------------
 
 
@@ -95,6 +137,18 @@ def test_conv_prefill_kernel_in_bf16_on_the_gpu(state_dtype):
                            state_dtype=state_dtype)
     out, state, untouched, stray = values
     assert out <= BF16 and state <= BF16 and untouched == 0.0 and stray == 0.0, values
+
+
+@cuda
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.bfloat16, BF16), (torch.float32, FP32)])
+@pytest.mark.parametrize("gap", [0, GAP])
+def test_conv_prefill_kernel_at_the_bench_shape_on_the_gpu(dtype, tolerance, gap):
+    """2,048 tokens over 4 uneven spans (a continuing one shorter than kernel - 1) at the bench model's 16 key heads
+    of q 128 | k 128 | v 256, kernel 4: aligned runs of 128 columns, float32 math against the float32 reference."""
+    values = check_prefill(1, (700, 2, 846, 500), 8, 16, (128, 128, 256), 4, device="cuda", dtype=dtype,
+                           state_dtype=dtype, gap=gap)
+    out, state, untouched, stray = values
+    assert out <= tolerance and state <= tolerance and untouched == 0.0 and stray == 0.0, values
 
 
 @cuda
