@@ -24,13 +24,16 @@ from solvers.rig import load_rig
 ANSWER_S = 600.0
 
 
-def rig_file(folder: Path, rig: str, memory: str | None, shape: dict) -> Path:
-    """A one-rank rig file: the named rig with the sweep's memory budget and serving shape."""
+def rig_file(folder: Path, rig: str, memory: str | None, shape: dict, workspace_bytes: int | None = None) -> Path:
+    """A one-rank rig file: the named rig with the sweep's memory budget and serving shape, and a measured
+    activation workspace where one is given."""
     data = yaml.safe_load(Path(load_rig(rig).source).read_text())  # JSON is YAML too
     if len(data["ranks"]) != 1:
         raise ValueError(f"rig {rig!r}: the served sweep needs a one-rank rig file")
     if memory:
         data["ranks"][0]["memory"] = memory
+    if workspace_bytes is not None:
+        data["ranks"][0]["workspace"] = workspace_bytes
     data["shape"] = {**data.get("shape", {}), **shape}
     data["name"] = f"{data['name']}-served-bench"
     path = folder / "served_rig.json"
@@ -39,12 +42,13 @@ def rig_file(folder: Path, rig: str, memory: str | None, shape: dict) -> Path:
 
 
 def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: int, seed: int, rig: str,
-                 memory: str | None, folder: Path) -> dict:
+                 memory: str | None, folder: Path, workspace_bytes: int | None = None) -> dict:
     config = ModelConfig.from_pretrained(checkpoint)
     shape = serving_shape(batches, prompt_len, gen_len)
     live: list[Service] = []
     started = time.perf_counter()
-    service = Service("served", Path(checkpoint), str(rig_file(folder, rig, memory, shape)), [config.num_layers], live)
+    rig_path = rig_file(folder, rig, memory, shape, workspace_bytes)
+    service = Service("served", Path(checkpoint), str(rig_path), [config.num_layers], live)
     try:
         service.wait_ready(900)
         start_s = time.perf_counter() - started

@@ -49,6 +49,7 @@ def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
     build_s = time.perf_counter() - started
     params = SamplingParams(max_tokens=gen_len, ignore_eos=True)
     llm.generate([list(range(8))], SamplingParams(max_tokens=4, ignore_eos=True))
+    activations = activation_peak(llm, prompt_len, max(batches)) if device == "cuda" else None
     rows = []
     for batch in batches:
         prompts = prompts_for(config.vocab_size, batch, prompt_len, seed)
@@ -70,9 +71,26 @@ def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
                      "prefill_tok_s": batch * prompt_len / prefill_s, "decode_tok_s": 1 / decode_s_per_token,
                      "token_ids": [seq.output_ids for seq in seqs]})
     return {"build_s": build_s, "graphs": llm.runner.graphs is not None, "rows": rows,
+            "prefill_activation_peak_bytes": activations, "planned_workspace_bytes": llm.plan.ranks[0].workspace_bytes,
             "pool_tokens": llm.plan.pool_tokens, "step": batch1_step(llm, config, prompt_len),
             "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
             "profile": profile(llm, prompt_len)}
+
+
+def activation_peak(llm, prompt_len: int, batch: int) -> int:
+    """Device memory one full prefill step (max_num_batched_tokens of `batch` prompts) holds above the weights and
+    pools: the workspace the planner must leave, measured (a served rig can declare it)."""
+    from engine.sampler import SamplingParams
+
+    for prompt in prompts_for(llm.config.vocab_size, batch, prompt_len, 2):
+        llm.submit(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    llm.step()
+    peak = torch.cuda.max_memory_allocated() - base
+    while llm.scheduler.has_work:
+        llm.step()
+    return peak
 
 
 def unfused_step(checkpoint: str, prompt_len: int, rig: str, memory: str | None, device: str = "cuda") -> dict:

@@ -142,18 +142,25 @@ def _fla_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 def _fla_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  recurrent_state: torch.Tensor, spans: list[tuple[int, int, int, bool]], out: torch.Tensor) -> None:
-    """Every prefill span in one varlen call of fla's chunked kernel."""
+    """Every prefill span in one varlen call of fla's chunked kernel. Spans packed back to back (the usual step:
+    decode rows first, then the prefills) are read and written as one slice, not gathered and scattered by index, and
+    a step of new sequences only starts from no state rather than from zeroed copies of their slots."""
     device = q.device
-    index = torch.cat([torch.arange(start, end) for start, end, _, _ in spans]).to(device)
+    if all(earlier[1] == later[0] for earlier, later in itertools.pairwise(spans)):
+        rows: slice | torch.Tensor = slice(spans[0][0], spans[-1][1])
+    else:
+        rows = torch.cat([torch.arange(start, end) for start, end, _, _ in spans]).to(device)
     lengths = [end - start for start, end, _, _ in spans]
     cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.long, device=device)
     slots = torch.tensor([slot for _, _, slot, _ in spans], dtype=torch.long, device=device)
-    fresh = torch.tensor([not continues for *_, continues in spans], device=device)
-    initial = recurrent_state[slots].float().masked_fill(fresh[:, None, None, None], 0.0)
+    initial = None
+    if any(continues for *_, continues in spans):
+        fresh = torch.tensor([not continues for *_, continues in spans], device=device)
+        initial = recurrent_state[slots].float().masked_fill(fresh[:, None, None, None], 0.0)
     span_out, final = _fla_chunk(
-        q=q[index].unsqueeze(0), k=k[index].unsqueeze(0), v=v[index].unsqueeze(0), g=g[index].float().unsqueeze(0),
-        beta=beta[index].unsqueeze(0), initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens,
+        q=q[rows].unsqueeze(0), k=k[rows].unsqueeze(0), v=v[rows].unsqueeze(0), g=g[rows].float().unsqueeze(0),
+        beta=beta[rows].unsqueeze(0), initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens,
         use_qk_l2norm_in_kernel=True,
     )
-    recurrent_state[slots] = final.to(recurrent_state.dtype)
-    out[index] = span_out.squeeze(0).to(out.dtype)
+    recurrent_state.index_copy_(0, slots, final.to(recurrent_state.dtype))
+    out[rows] = span_out.squeeze(0).to(out.dtype)
