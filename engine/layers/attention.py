@@ -13,6 +13,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.fused import fused
+from engine.layers.linear import project
 from engine.layers.merge import stack_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary
@@ -73,7 +74,7 @@ class Attention(nn.Module):
         out = out.reshape(tokens, -1)
         if gate is not None:
             out = gate_output(out, gate)
-        return self.o_proj(out)
+        return project(self.o_proj, out)
 
 
 @fused
