@@ -54,21 +54,29 @@ def copy_time(num_bytes: int) -> float:
 
 
 def gemv_rows() -> list[dict]:
-    from engine.ops.triton_gemv import gemv
+    """gemv with its chosen tiles, without a K split, and with 16-row column blocks, against cuBLAS."""
+    from engine.ops.triton_gemv import GemvTiles, choose_tiles, gemv
 
     rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for rows_m, out_n, in_k, name in [(1, HIDDEN, VALUE_WIDTH, "out_proj"), (1, QKVZ_WIDTH, HIDDEN, "in_proj_qkvz"),
                                       (4, HIDDEN, VALUE_WIDTH, "out_proj"), (8, HIDDEN, VALUE_WIDTH, "out_proj")]:
         x = torch.randn(rows_m, in_k, device="cuda", dtype=torch.bfloat16)
         weight = torch.randn(out_n, in_k, device="cuda", dtype=torch.bfloat16) / in_k**0.5
         exact = x.float() @ weight.float().T
         error = (gemv(x, weight).float() - exact).norm() / exact.norm()
-        ours = device_time(lambda x=x, weight=weight: gemv(x, weight))
-        cublas = device_time(lambda x=x, weight=weight: F.linear(x, weight))
+        chosen = choose_tiles(rows_m, out_n, in_k, sms)
+        variants = {"chosen": chosen, "no_split": GemvTiles(chosen.block_n, chosen.block_k, 1, chosen.num_warps),
+                    "block_n_16": GemvTiles(16, chosen.block_k, chosen.split_k, chosen.num_warps)}
         weight_bytes = weight.numel() * weight.element_size()
-        rows.append({"name": name, "m": rows_m, "n": out_n, "k": in_k, "gemv_s": ours, "cublas_s": cublas,
-                     "gemv_bytes_per_s": weight_bytes / ours, "cublas_bytes_per_s": weight_bytes / cublas,
-                     "speedup": cublas / ours, "rel_error": float(error)})
+        cublas = device_time(lambda x=x, weight=weight: F.linear(x, weight))
+        row = {"name": name, "m": rows_m, "n": out_n, "k": in_k, "chosen": str(chosen), "cublas_s": cublas,
+               "cublas_bytes_per_s": weight_bytes / cublas, "rel_error": float(error)}
+        for label, tiles in variants.items():
+            seconds = device_time(lambda x=x, weight=weight, tiles=tiles: gemv(x, weight, tiles=tiles))
+            row[f"{label}_s"], row[f"{label}_bytes_per_s"] = seconds, weight_bytes / seconds
+            row[f"{label}_speedup"] = cublas / seconds
+        rows.append(row)
     return rows
 
 
