@@ -106,10 +106,12 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true", help="leave out transformers' own sweep")
     parser.add_argument("--skip-unfused", action="store_true", help="leave out the step with fusion off")
     parser.add_argument("--skip-served", action="store_true", help="leave out the served sweep (`engine serve`)")
+    parser.add_argument("--batches", type=lambda text: [int(b) for b in text.split(",")],
+                        help="comma-separated batch sizes (default 1,8,64,256; toy 1,2)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     toy = args.toy or args.device == "cpu"
-    batches = [1, 2] if toy else [1, 8, 64, 256]
+    batches = args.batches or ([1, 2] if toy else [1, 8, 64, 256])
     prompt_len, gen_len = (16, 4) if toy else (512, 32)
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": args.device,
                     "torch": torch.__version__, "python": platform.python_version(), "argv": sys.argv,

@@ -3,6 +3,8 @@
 Eager the layer is x + mixer(norm(x)), then + mlp(norm(x)); here each `residual + sublayer output` is folded into the
 next norm (RMSNorm(x, residual)), so an add and a norm are one kernel: the layer takes and returns
 (hidden, residual), where the full hidden state is hidden + residual. The additions are today's, in today's order.
+An MoE on its Triton path returns its weighted expert outputs unsummed, [tokens, slots, hidden]: the next norm (or the
+range end, engine/models/base.py) sums them as it adds them, so `hidden` may be those parts.
 
 The mixer keeps transformers' attribute name (`self_attn` or `linear_attn`) so parameter names match checkpoints.
 """
@@ -29,7 +31,7 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, step: LayerStep
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """`residual` None on the range's first layer (`hidden` is then the whole state). Returns (mlp output, the
-        residual it adds to); the norm kernel updates the residual in place."""
+        residual it adds to); the norm kernel updates the residual in place. `hidden` may be an MoE's parts."""
         first = residual is None
         if first:
             residual, hidden = hidden, self.input_layernorm(hidden)

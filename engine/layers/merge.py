@@ -2,12 +2,15 @@
 
 A decode step at small batch is a chain of GEMVs, each a kernel; merging the projections of one input (GDN's qkvz and
 ba, the shared expert's gate and up, the router and the shared-expert gate) removes kernels without changing a value:
-the rows of the merged matrix are the originals', so each output column is computed exactly as before.
+the rows of the merged matrix are the originals', so each output column is computed exactly as before. The same
+holds one level up: the shared expert stacked as one more expert of the routed experts' 3-D tensors runs in their
+grouped GEMMs (engine/layers/moe.py).
 
 The merged tensor owns the storage and each parameter becomes a view of its rows, so the parameters keep their
 checkpoint names and shapes (the loader, the host image's checksums and the memory accounting see no difference) and
 no byte is held twice. Merging again (a rank's reconfiguration refills some layers) re-concatenates whatever the
-parameters hold now.
+parameters hold now; given the previous merged tensor, a merge whose parameters are still its views keeps it (a layer
+kept across a reconfiguration, or rows a parent module stacked already) rather than copying it.
 """
 
 from __future__ import annotations
@@ -16,15 +19,48 @@ import torch
 from torch import nn
 
 
-def stack_rows(params: list[nn.Parameter]) -> torch.Tensor:
-    """Concatenate `params` along dim 0 into one new tensor and rebind each as a view of its rows; returns it."""
+def stack_rows(params: list[nn.Parameter], merged: torch.Tensor | None = None) -> torch.Tensor:
+    """Concatenate `params` along dim 0 into one new tensor and rebind each as a view of its rows; returns it.
+    `merged` (the previous result) is returned as it is when the parameters are still its rows."""
+    if merged is not None and _are_rows_of(merged, params):
+        return merged
     merged = torch.cat([param.data for param in params])
+    _rebind_rows(merged, params)
+    return merged
+
+
+def stack_experts(experts: nn.Parameter, extra: list[nn.Parameter], merged: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """experts [E, R, ...] and `extra`, whose rows stacked make one expert [R, ...] -> [E + 1, R, ...], `extra` as
+    expert E; `experts` becomes a view of the first E, each of `extra` a view of its rows of expert E. `merged` (the
+    previous result) is returned as it is when the parameters are still its views."""
+    if merged is not None and _same_view(experts, merged[:-1]) and _are_rows_of(merged[-1], extra):
+        return merged
+    merged = torch.cat([experts.data, torch.cat([param.data for param in extra])[None]])
+    experts.data = merged[:-1]
+    _rebind_rows(merged[-1], extra)
+    return merged
+
+
+def _rebind_rows(merged: torch.Tensor, params: list[nn.Parameter]) -> None:
     offset = 0
     for param in params:
         rows = param.shape[0]
         param.data = merged[offset:offset + rows]
         offset += rows
-    return merged
+
+
+def _same_view(param: torch.Tensor, view: torch.Tensor) -> bool:
+    return param.data_ptr() == view.data_ptr() and param.shape == view.shape and param.stride() == view.stride()
+
+
+def _are_rows_of(merged: torch.Tensor, params: list[nn.Parameter]) -> bool:
+    offset = 0
+    for param in params:
+        if not _same_view(param, merged[offset:offset + param.shape[0]]):
+            return False
+        offset += param.shape[0]
+    return offset == merged.shape[0]
 
 
 def merge_projections(model: nn.Module) -> None:

@@ -2,6 +2,8 @@
 
 `merge_projections()` stacks gate_proj and up_proj (rows, and biases when present) into one [2I, H] tensor, so the
 step runs one GEMM for both and splits it: the same values as the two GEMMs, one kernel fewer (engine/layers/merge.py).
+An MoE's shared expert may have had its rows stacked already, as one more expert of the routed experts' tensors
+(engine/layers/moe.py): its merged tensor is then a view of that expert, and merging again keeps it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ class GatedMLP(nn.Module):
         self.gate_up_bias: torch.Tensor | None = None
 
     def merge_projections(self) -> None:
-        self.gate_up_weight = stack_rows([self.gate_proj.weight, self.up_proj.weight])
+        self.gate_up_weight = stack_rows([self.gate_proj.weight, self.up_proj.weight], self.gate_up_weight)
         if self.gate_proj.bias is not None:
-            self.gate_up_bias = stack_rows([self.gate_proj.bias, self.up_proj.bias])
+            self.gate_up_bias = stack_rows([self.gate_proj.bias, self.up_proj.bias], self.gate_up_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:

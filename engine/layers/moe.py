@@ -4,11 +4,15 @@ Expert weights are held fused as 3-D tensors (gate and up stacked), the layout t
 the loader builds them from either checkpoint layout (per-expert tensors or fused).
 On CUDA in half precision the routed experts run as two fused Triton grouped GEMMs (engine/ops/triton_moe.py: SiLU·mul
 and the routing weights inside them; at decode sizes the routing and the sort by expert are one more launch,
-engine/ops/triton_route.py); without Triton, bf16 runs two torch grouped matmuls over the pairs sorted by
-expert. Both make no host synchronisation (a decode step can be captured in a CUDA graph) and read only the experts
-hit. Elsewhere each hit expert runs once on its tokens (the reference path).
+engine/ops/triton_route.py), and the layer returns the weighted parts [tokens, slots, hidden] unsummed: the next
+RMSNorm (or the range end) sums them as it reads them (engine/layers/norm.py). Without Triton, bf16 runs two torch
+grouped matmuls over the pairs sorted by expert. Both make no host synchronisation (a decode step can be captured in a
+CUDA graph) and read only the experts hit. Elsewhere each hit expert runs once on its tokens (the reference path).
 `SparseMoE.merge_projections()` stacks the router and the shared-expert gate into one [E + 1, H] tensor: one GEMV
-serves both (the shared expert's own gate and up merge in GatedMLP).
+serves both. A shared expert of the routed experts' size is also stacked as expert E: the expert tensors' storage
+becomes [E + 1, ...] and every parameter, the shared expert's included, a view of it (engine/layers/merge.py). The
+Triton path then runs it as one more routed slot a token, weighted by sigmoid(its gate's logit), so a layer is the
+router GEMV, the routing launch and the two GEMMs. Other shapes (or an unmerged layer) run it as its own GatedMLP.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fused import fused
-from engine.layers.merge import stack_rows
+from engine.layers.merge import stack_experts, stack_rows
 from engine.layers.mlp import GatedMLP, silu_mul
 
 try:
@@ -37,11 +41,25 @@ class Experts(nn.Module):
         # gate rows first, then up rows, as transformers stacks them.
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        # Plain attributes (not parameters), set by stack_shared(): [E + 1, ...] with the shared expert as expert E;
+        # the parameters above are then views of their first E experts.
+        self.gate_up_with_shared: torch.Tensor | None = None
+        self.down_with_shared: torch.Tensor | None = None
+
+    def stack_shared(self, shared: GatedMLP) -> None:
+        """Hold `shared` (of one expert's shape, no biases) as expert E of the [E + 1, ...] tensors the Triton path
+        runs; every parameter, `shared`'s included, becomes a view of them, and so does its merged gate_up."""
+        self.gate_up_with_shared = stack_experts(
+            self.gate_up_proj, [shared.gate_proj.weight, shared.up_proj.weight], self.gate_up_with_shared)
+        self.down_with_shared = stack_experts(self.down_proj, [shared.down_proj.weight], self.down_with_shared)
+        shared.gate_up_weight = self.gate_up_with_shared[-1]  # its own merge then finds its rows stacked: kept
+
+    @property
+    def has_shared_slot(self) -> bool:
+        return self.gate_up_with_shared is not None
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x [tokens, hidden]; expert_ids, weights [tokens, top_k]."""
-        if self.runs_triton(x):
-            return self.fused(x, expert_ids, weights)
+        """The torch paths: x [tokens, hidden]; expert_ids, weights [tokens, top_k] -> [tokens, hidden]."""
         if x.is_cuda and x.dtype == torch.bfloat16:
             return self.grouped(x, expert_ids, weights)
         return self.looped(x, expert_ids, weights)
@@ -53,16 +71,22 @@ class Experts(nn.Module):
 
     def routes_in_one_launch(self, x: torch.Tensor, top_k: int) -> bool:
         """Whether routing and alignment run as one Triton launch (decode-sized batches on the Triton path)."""
-        return self.runs_triton(x) and fits_one_launch(x.shape[0], self.num_experts, top_k)
+        return self.runs_triton(x) and fits_one_launch(x.shape[0], self.num_experts, top_k, self.has_shared_slot)
 
-    def fused_from_logits(self, x: torch.Tensor, router_logits: torch.Tensor, top_k: int,
-                          norm_topk_prob: bool) -> torch.Tensor:
-        """The Triton path from the router's logits: one launch routes and aligns, then the two GEMM kernels."""
-        return routed_experts(x, router_logits, top_k, norm_topk_prob, self.gate_up_proj, self.down_proj)
-
-    def fused(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The Triton path: gate_up GEMM with SiLU·mul, then down GEMM with the routing weights, per expert block."""
-        return fused_experts(x, expert_ids, weights, self.gate_up_proj, self.down_proj)
+    def triton_parts(self, x: torch.Tensor, logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> torch.Tensor:
+        """The Triton path from the router's logits [tokens, E] (more columns are ignored, but with the shared slot
+        column E is the shared gate's logit) -> the weighted parts [tokens, slots, hidden]: top_k routed, then the
+        shared expert's when it is slot E. One launch routes and aligns at decode sizes, else route + align."""
+        num_experts, shared = self.num_experts, self.has_shared_slot
+        gate_up, down = ((self.gate_up_with_shared, self.down_with_shared) if shared
+                         else (self.gate_up_proj, self.down_proj))
+        if self.routes_in_one_launch(x, top_k):
+            return routed_experts(x, logits[:, :num_experts + shared], top_k, norm_topk_prob, gate_up, down, shared)
+        expert_ids, weights = route(logits[:, :num_experts], top_k, norm_topk_prob)
+        if shared:
+            expert_ids, weights = with_shared_slot(expert_ids, weights, logits[:, num_experts:num_experts + 1],
+                                                   num_experts)
+        return fused_experts(x, expert_ids, weights, gate_up, down)
 
     def grouped(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Every (token, expert) pair sorted by expert, then one grouped matmul per projection."""
@@ -105,21 +129,33 @@ class SparseMoE(nn.Module):
         self.router_weight: torch.Tensor | None = None  # gate rows then the shared gate's row, once merged
 
     def merge_projections(self) -> None:
-        """Router and shared-expert gate as one GEMV (the shared expert merges itself: it is a module of its own)."""
-        if self.shared_expert_gate is not None:
-            self.router_weight = stack_rows([self.gate.weight, self.shared_expert_gate.weight])
+        """Router and shared-expert gate as one GEMV; a shared expert of one expert's shape stacked as expert E."""
+        if self.shared_expert_gate is None:
+            return
+        self.router_weight = stack_rows([self.gate.weight, self.shared_expert_gate.weight], self.router_weight)
+        if self._shared_fits_a_slot():
+            self.experts.stack_shared(self.shared_expert)
+
+    def _shared_fits_a_slot(self) -> bool:
+        """Whether the shared expert has a routed expert's shape (Qwen3-Next: both 512 wide), so it can be one."""
+        return self.shared_expert.down_proj.weight.shape == self.experts.down_proj.shape[1:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [tokens, hidden] -> [tokens, hidden], or on the Triton path the weighted parts [tokens, slots, hidden]
+        (top_k routed, then the shared expert's when it runs as slot E), left for the consumer to sum."""
         if self.router_weight is not None:
-            logits = F.linear(x, self.router_weight)
-            router_logits, shared_logit = logits[..., :-1], logits[..., -1:]
+            logits = F.linear(x, self.router_weight)  # the experts' logits, then the shared gate's
+            shared_logit = logits[..., -1:]
         else:
-            router_logits = self.gate(x)
+            logits = self.gate(x)
             shared_logit = self.shared_expert_gate(x) if self.shared_expert_gate is not None else None
-        if self.experts.routes_in_one_launch(x, self.top_k):
-            out = self.experts.fused_from_logits(x, router_logits, self.top_k, self.norm_topk_prob)
+        if self.experts.runs_triton(x):
+            parts = self.experts.triton_parts(x, logits, self.top_k, self.norm_topk_prob)
+            if self.shared_expert is None or self.experts.has_shared_slot:
+                return parts
+            out = parts.sum(1)  # a shared expert of its own size (or unmerged) runs as its own MLP
         else:
-            expert_ids, weights = route(router_logits, self.top_k, self.norm_topk_prob)
+            expert_ids, weights = route(logits[..., :self.experts.num_experts], self.top_k, self.norm_topk_prob)
             out = self.experts(x, expert_ids, weights)
         if self.shared_expert is not None:
             out = gate_shared(out, shared_logit, self.shared_expert(x))
@@ -134,6 +170,15 @@ def route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch
     if norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return expert_ids, weights.to(logits.dtype)
+
+
+@fused
+def with_shared_slot(expert_ids: torch.Tensor, weights: torch.Tensor, shared_logit: torch.Tensor, shared_id: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """route's ids and weights [tokens, top_k] plus slot top_k: expert `shared_id` (E, the shared expert stacked after
+    the routed ones) with weight sigmoid(shared_logit [tokens, 1]) in float32, as gate_shared takes it."""
+    return (torch.cat([expert_ids, torch.full_like(expert_ids[:, :1], shared_id)], 1),
+            torch.cat([weights, torch.sigmoid(shared_logit.float()).to(weights.dtype)], 1))
 
 
 @fused

@@ -6,7 +6,9 @@ because in bf16 those placements change the result.
 RMSNorm also takes the residual stream: norm(x, residual) adds x into the residual first (the pre-norm layer's
 `residual + sublayer(...)`) and returns both, so the add and the norm are one kernel. On CUDA in half precision that
 kernel is Triton's (engine/ops/triton_norm.py) and the residual is updated in place; elsewhere the eager code below
-runs (compiled on CUDA by @fused), computing the same sum and norm out of place.
+runs (compiled on CUDA by @fused), computing the same sum and norm out of place. What is added may come as parts
+[..., P, width] (the MoE's weighted expert outputs on its Triton path, engine/layers/moe.py): both forms sum them in
+float32, round the sum once to the dtype and add that to the residual (`sum_parts`).
 """
 
 from __future__ import annotations
@@ -44,11 +46,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: boo
     return _scaled(x, weight, eps, one_centred)
 
 
+def sum_parts(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """What x adds to `residual` [..., width]: x itself, or for parts [..., P, width] their sum, taken in float32 and
+    rounded once to x's dtype."""
+    return x.float().sum(-2).to(x.dtype) if x.dim() == residual.dim() + 1 else x
+
+
 @fused
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(residual + x), residual + x): the sum is rounded to the dtype before the norm reads it, as eager."""
-    summed = residual + x
+    """(norm(residual + x), residual + x): the sum is rounded to the dtype before the norm reads it, as eager.
+    x may be parts [..., P, width] (see sum_parts)."""
+    summed = residual + sum_parts(x, residual)
     return _scaled(summed, weight, eps, one_centred), summed
 
 
@@ -74,14 +83,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, in_place: bool = True
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """norm(x); with `residual`, (norm(residual + x), residual + x). `in_place=False` keeps `residual` intact
-        (the kernel writes the sum to a new tensor): for a residual that is someone else's tensor."""
+        """norm(x); with `residual`, (norm(residual + x), residual + x), where x may be parts [..., P, width] of what
+        is added (summed first, see sum_parts). `in_place=False` keeps `residual` intact (the kernel writes the sum to
+        a new tensor): for a residual that is someone else's tensor."""
         if residual is None:
             if _kernel_serves(x, self.weight):
                 return triton_rms_norm(x, self.weight, self.eps, self.one_centred)
             return rms_norm(x, self.weight, self.eps, self.one_centred)
         if _kernel_serves(x, self.weight):
-            summed = residual if in_place else torch.empty_like(x, memory_format=torch.contiguous_format)
+            summed = residual if in_place else torch.empty_like(residual, memory_format=torch.contiguous_format)
             return triton_rms_norm(x, self.weight, self.eps, self.one_centred, residual, summed), summed
         return add_rms_norm(x, residual, self.weight, self.eps, self.one_centred)
 

@@ -13,7 +13,7 @@ from torch import nn
 from engine.caches import LayerCaches
 from engine.config import ModelConfig
 from engine.context import StepContext
-from engine.layers.norm import RMSNorm
+from engine.layers.norm import RMSNorm, sum_parts
 from engine.layers.rotary import RotaryEmbedding
 from engine.layers.step import LayerStep
 from engine.ops.attention import PagedMetadata
@@ -64,7 +64,7 @@ class RangeCausalLM(nn.Module):
         for layer in self.layers.values():
             hidden, residual = layer(hidden, residual, step)
         if self.norm is None:
-            return residual + hidden  # the full state the next range receives
+            return residual + sum_parts(hidden, residual)  # the full state the next range receives
         normed, _ = self.norm(hidden, residual)  # the last layer's add, fused into the final norm
         return normed
 

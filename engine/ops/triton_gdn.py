@@ -21,7 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-GDN_TILE = (32, 4)  # (value columns per GDN program: a [key_dim, 32] float32 state tile; warps)
+# (value columns per GDN program, warps): a whole [key_dim, 128] head per program in 8 warps stepped 64 states of the
+# bench model 1.4x faster than [key_dim, 32] tiles in 4 warps on the H200 (benchmarks/kernel_speed.py).
+GDN_TILE = (128, 8)
 BLOCK_C = 256  # channels per conv program
 COPY_ROWS = 16  # rows scanned at a time when an output goes to a slot's copies
 

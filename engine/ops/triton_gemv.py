@@ -46,15 +46,16 @@ def choose_tiles(rows: int, n: int, k: int, sms: int) -> GemvTiles:
     BLOCK_N = 8: N = 2048 gives 256 column blocks, about two per SM on an H200, each streaming 8 contiguous rows.
     BLOCK_K fills PRODUCTS_PER_THREAD per thread for the padded rows (512 at one row: 8 KB of bf16 weight a step,
     16-byte loads; 128 at eight rows), at least 16 and no wider than K needs.
-    SPLIT_K doubles while the programs do not cover the SMs twice (load balance: one program per SM leaves the last
-    wave's SMs idle), as long as each split keeps MIN_STEPS_PER_SPLIT steps, up to MAX_SPLIT_K.
+    SPLIT_K doubles while the programs do not cover every SM once, as long as each split keeps MIN_STEPS_PER_SPLIT
+    steps, up to MAX_SPLIT_K: a split costs a second launch (the sum), so it is kept for grids too small to fill the
+    card (on the H200, out_proj's 256 blocks unsplit beat split 2 in benchmarks/kernel_speed.py).
     """
     block_n, num_warps = 8, 4
     budget = PRODUCTS_PER_THREAD * 32 * num_warps // (triton.next_power_of_2(rows) * block_n)
     block_k = max(16, min(512, budget, triton.next_power_of_2(k)))
     blocks, steps = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     split_k = 1
-    while (blocks * split_k < 2 * sms and steps // (2 * split_k) >= MIN_STEPS_PER_SPLIT
+    while (blocks * split_k < sms and steps // (2 * split_k) >= MIN_STEPS_PER_SPLIT
            and split_k < MAX_SPLIT_K):
         split_k *= 2
     return GemvTiles(block_n, block_k, split_k, num_warps)

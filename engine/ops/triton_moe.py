@@ -5,12 +5,15 @@ M-block of the sorted list belongs to one expert (`block_expert`; -1 marks the u
 depend only on the number of pairs, so a captured CUDA graph serves any routing. Then:
   kernel 1: h = silu(x[token] @ gate[e]^T) * (x[token] @ up[e]^T) per M-block, gathering x rows itself (no copy of x
             per pair, no separate silu_mul);
-  kernel 2: y[pair] = weight[pair] * (h @ down[e]^T), scattered back to the pair's own row;
-  out = y.view(tokens, top_k, hidden).sum(1): deterministic, no atomics.
+  kernel 2: y[pair] = weight[pair] * (h @ down[e]^T), scattered back to the pair's own row.
+The result is the weighted parts y.view(tokens, slots, hidden), not their sum: the consumer (the next RMSNorm, or the
+range end) sums them in float32 while it reads them, so the sum costs no launch of its own.
+A model's shared expert can ride along as expert E (stacked after the routed experts in the weight tensors, see
+engine/layers/moe.py): one more slot a token, weighted by the sigmoid of its gate, and no kernels of its own.
 For decode-sized batches `routed_experts` starts from the router's logits: routing and align in one launch
-(engine/ops/triton_route.py) instead of route's and align's ~9 small kernels.
-Only the experts hit are read, each once per M-block. Accumulation in float32, one cast at each store. Runs under
-TRITON_INTERPRET=1 on CPU tensors too (that is how CI checks it).
+(engine/ops/triton_route.py) instead of route's and align's ~9 small kernels, so a layer is that launch and the two
+GEMMs. Only the experts hit are read, each once per M-block. Accumulation in float32, one cast at each store. Runs
+under TRITON_INTERPRET=1 on CPU tensors too (that is how CI checks it).
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ def num_blocks_for(num_pairs: int, num_experts: int, block_m: int) -> int:
 @fused
 def align(expert_ids: torch.Tensor, num_experts: int, block_m: int,
           num_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """expert_ids [tokens, top_k] -> sorted_pair_ids [num_blocks * block_m] int32 (pair = token * top_k + slot;
-    padding holds the sentinel tokens * top_k), block_expert [num_blocks] int32 (-1: unused), used [1] (entries in
+    """expert_ids [tokens, slots] -> sorted_pair_ids [num_blocks * block_m] int32 (pair = token * slots + slot;
+    padding holds the sentinel tokens * slots), block_expert [num_blocks] int32 (-1: unused), used [1] (entries in
     use). Tensor ops only, fixed output sizes: no host synchronisation."""
     flat = expert_ids.reshape(-1).long()
     num_pairs = flat.numel()
@@ -84,7 +87,7 @@ def align(expert_ids: torch.Tensor, num_experts: int, block_m: int,
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, h_ptr, pair_ids_ptr, block_expert_ptr, num_pairs,
                     stride_xt, stride_xh, stride_we, stride_wn, stride_wk, stride_hm,
-                    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    HIDDEN: tl.constexpr, INTER: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     block, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + block)
@@ -93,7 +96,7 @@ def _gate_up_kernel(x_ptr, w_ptr, h_ptr, pair_ids_ptr, block_expert_ptr, num_pai
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     pairs = tl.load(pair_ids_ptr + rows)
     real = pairs < num_pairs
-    tokens = (pairs // TOP_K).to(tl.int64)
+    tokens = (pairs // SLOTS).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < INTER
     w = w_ptr + expert.to(tl.int64) * stride_we
@@ -148,7 +151,7 @@ def _precision(dtype: torch.dtype) -> str | None:
 
 
 def gate_up_silu(x: torch.Tensor, gate_up_proj: torch.Tensor, sorted_pair_ids: torch.Tensor,
-                 block_expert: torch.Tensor, top_k: int, config: TileConfig, out: torch.Tensor | None = None
+                 block_expert: torch.Tensor, slots: int, config: TileConfig, out: torch.Tensor | None = None
                  ) -> torch.Tensor:
     """x [tokens, hidden], gate_up_proj [E, 2I, hidden] -> h [sorted rows, I] (rows of unused blocks unwritten)."""
     num_experts, two_inter, hidden = gate_up_proj.shape
@@ -157,9 +160,9 @@ def gate_up_silu(x: torch.Tensor, gate_up_proj: torch.Tensor, sorted_pair_ids: t
         out = x.new_empty((sorted_pair_ids.numel(), inter))
     grid = (block_expert.numel(), triton.cdiv(inter, config.gate_n))
     _gate_up_kernel[grid](
-        x, gate_up_proj, out, sorted_pair_ids, block_expert, x.shape[0] * top_k,
+        x, gate_up_proj, out, sorted_pair_ids, block_expert, x.shape[0] * slots,
         x.stride(0), x.stride(1), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2),
-        out.stride(0), HIDDEN=hidden, INTER=inter, TOP_K=top_k, BLOCK_M=config.block_m, BLOCK_N=config.gate_n,
+        out.stride(0), HIDDEN=hidden, INTER=inter, SLOTS=slots, BLOCK_M=config.block_m, BLOCK_N=config.gate_n,
         BLOCK_K=config.gate_k, PRECISION=_precision(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
@@ -186,13 +189,14 @@ def down_weighted(h: torch.Tensor, down_proj: torch.Tensor, sorted_pair_ids: tor
 
 def fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
                   down_proj: torch.Tensor, block_m: int | None = None) -> torch.Tensor:
-    """x [tokens, hidden]; expert_ids, weights [tokens, top_k]; gate_up_proj [E, 2I, hidden] (gate rows first);
-    down_proj [E, hidden, I] -> [tokens, hidden] in x's dtype. `block_m` overrides the tile choice (tests)."""
-    tokens, top_k = expert_ids.shape
+    """x [tokens, hidden]; expert_ids, weights [tokens, slots]; gate_up_proj [E, 2I, hidden] (gate rows first);
+    down_proj [E, hidden, I] -> the weighted parts [tokens, slots, hidden] in x's dtype (their sum over slots is the
+    MoE's output). `block_m` overrides the tile choice (tests)."""
+    tokens, slots = expert_ids.shape
     num_experts = gate_up_proj.shape[0]
-    num_pairs = tokens * top_k
+    num_pairs = tokens * slots
     if num_pairs == 0:
-        return torch.zeros_like(x)
+        return x.new_zeros((tokens, slots, x.shape[1]))
     config = CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
     num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
     sorted_pair_ids, block_expert, _ = align(expert_ids, num_experts, config.block_m, num_blocks)
@@ -200,21 +204,25 @@ def fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tens
 
 
 def routed_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
-                   gate_up_proj: torch.Tensor, down_proj: torch.Tensor, block_m: int | None = None) -> torch.Tensor:
+                   gate_up_proj: torch.Tensor, down_proj: torch.Tensor, shared: bool = False,
+                   block_m: int | None = None) -> torch.Tensor:
     """fused_experts from the router's logits [tokens, E]: routing and alignment in one launch (triton_route; the
-    caller checks fits_one_launch), then the two kernels. Three launches and the sum in all."""
-    tokens, num_experts = router_logits.shape
-    config = CONFIGS[block_m or pick_block_m(tokens * top_k, num_experts)]
-    num_blocks = num_blocks_for(tokens * top_k, num_experts, config.block_m)
+    caller checks fits_one_launch), then the two kernels; three launches in all. With `shared` the logits are
+    [tokens, E + 1] (the shared gate's last) and the weights hold the shared expert as expert E: the parts are
+    [tokens, top_k + 1, hidden], the last the shared expert's."""
+    tokens, num_experts = router_logits.shape[0], gate_up_proj.shape[0]
+    num_pairs = tokens * (top_k + shared)
+    config = CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
+    num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
     _, weights, sorted_pair_ids, block_expert, _ = route_and_align(router_logits, top_k, norm_topk_prob,
-                                                                   config.block_m, num_blocks)
+                                                                   config.block_m, num_blocks, shared)
     return _aligned_experts(x, sorted_pair_ids, block_expert, weights, gate_up_proj, down_proj, config)
 
 
 def _aligned_experts(x: torch.Tensor, sorted_pair_ids: torch.Tensor, block_expert: torch.Tensor,
                      weights: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
                      config: TileConfig) -> torch.Tensor:
-    tokens, top_k = weights.shape
-    h = gate_up_silu(x, gate_up_proj, sorted_pair_ids, block_expert, top_k, config)
+    tokens, slots = weights.shape
+    h = gate_up_silu(x, gate_up_proj, sorted_pair_ids, block_expert, slots, config)
     y = down_weighted(h, down_proj, sorted_pair_ids, block_expert, weights.reshape(-1).contiguous(), config)
-    return y.view(tokens, top_k, x.shape[1]).sum(1)
+    return y.view(tokens, slots, x.shape[1])

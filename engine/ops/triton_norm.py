@@ -8,6 +8,9 @@ float32 and casts last, and the gated form rounds after the weight and again at 
 
 Rows are every leading dim flattened; a tensor is seen as [outer, inner, width] with its own two row strides, so the
 per-head q/k norm reads a strided slice of the projection output without a copy.
+What is added to the residual may come as parts [..., P, width] (an MoE's weighted expert outputs, see
+engine/layers/moe.py): the program reads its row's P parts (a constexpr loop, with their stride), sums them in float32
+and rounds the sum once to the dtype, then adds it to the residual as above: the MoE's top-k sum costs no launch.
 """
 
 from __future__ import annotations
@@ -24,12 +27,18 @@ def _row_offset(row, inner, stride_outer, stride_inner):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, residual_out_ptr, weight_ptr, out_ptr, inner, width, eps,
-                     sx0, sx1, sr0, sr1, sq0, sq1, so0, so1,
-                     HAS_RESIDUAL: tl.constexpr, ONE_CENTRED: tl.constexpr, BLOCK: tl.constexpr):
+                     sx0, sx1, sxp, sr0, sr1, sq0, sq1, so0, so1,
+                     HAS_RESIDUAL: tl.constexpr, ONE_CENTRED: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < width
-    x = tl.load(x_ptr + _row_offset(row, inner, sx0, sx1) + cols, mask=ok, other=0.0)
+    x_row = x_ptr + _row_offset(row, inner, sx0, sx1)
+    x = tl.load(x_row + cols, mask=ok, other=0.0)
+    if PARTS > 1:
+        total = x.to(tl.float32)
+        for part in tl.static_range(1, PARTS):
+            total += tl.load(x_row + part * sxp + cols, mask=ok, other=0.0).to(tl.float32)
+        x = total.to(x.dtype)  # the parts' sum, rounded once as the eager x.float().sum(-2).to(dtype)
     if HAS_RESIDUAL:
         residual = tl.load(residual_ptr + _row_offset(row, inner, sr0, sr1) + cols, mask=ok, other=0.0)
         x = (residual.to(tl.float32) + x.to(tl.float32)).to(x.dtype)  # rounded as the eager add rounds
@@ -58,14 +67,16 @@ def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, inner, width, e
     tl.store(out_ptr + _row_offset(row, inner, so0, so1) + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _as_rows(t: torch.Tensor) -> torch.Tensor:
-    """A view [outer, inner, width] of t with a unit last stride (a copy only where no such view exists)."""
-    if t.dim() == 1:
+def _as_rows(t: torch.Tensor, parts: bool = False) -> torch.Tensor:
+    """A view [outer, inner, width] of t (with `parts`, t [..., P, width] -> [outer, inner, P, width]) with a unit
+    last stride (a copy only where no such view exists)."""
+    lead = t.dim() - (2 if parts else 1)
+    if lead == 0:
         t = t[None, None]
-    elif t.dim() == 2:
+    elif lead == 1:
         t = t[:, None]
-    elif t.dim() > 3:
-        t = t.reshape(-1, t.shape[-2], t.shape[-1])
+    elif lead > 2:
+        t = t.reshape(-1, *t.shape[lead - 1:])
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
@@ -89,22 +100,29 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centr
                     residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm over the last dim of x; with `residual` (x's shape) it normalises residual + x instead and writes that
-    sum into `residual_out` (default: `residual` itself, in place). Returns the normed tensor (`out` if given)."""
+    sum into `residual_out` (default: `residual` itself, in place). With a residual, x may also be parts
+    [..., P, width] (residual [..., width]): residual + their sum, the sum taken in float32 and rounded once. Returns
+    the normed tensor (`out` if given), of the residual's shape."""
+    parts = residual is not None and x.dim() == residual.dim() + 1
+    if parts and x.shape[:-2] + x.shape[-1:] != residual.shape:
+        raise ValueError(f"parts {tuple(x.shape)} do not match the residual {tuple(residual.shape)}")
+    like = residual if parts else x  # the shape of a row's sum, the output and the residual written
     width = x.shape[-1]
-    out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
-    xs, os_ = _as_rows(x), _written_rows(out, x, "out")
+    out = torch.empty_like(like, memory_format=torch.contiguous_format) if out is None else out
+    xs, os_ = _as_rows(x, parts), _written_rows(out, like, "out")
     if residual is None:
         rs = qs = xs  # never read: HAS_RESIDUAL is off
     else:
         rs = _as_rows(residual)
-        qs = _written_rows(residual if residual_out is None else residual_out, x, "residual_out")
-    rows, (block, warps) = xs.shape[0] * xs.shape[1], _launch_shape(width)
+        qs = _written_rows(residual if residual_out is None else residual_out, like, "residual_out")
+    rows, (block, warps) = os_.shape[0] * os_.shape[1], _launch_shape(width)
     if rows == 0:  # an empty batch: nothing to launch
         return out
     _rms_norm_kernel[(rows,)](
-        xs, rs, qs, weight.contiguous(), os_, xs.shape[1], width, eps,
-        xs.stride(0), xs.stride(1), rs.stride(0), rs.stride(1), qs.stride(0), qs.stride(1), os_.stride(0),
-        os_.stride(1), HAS_RESIDUAL=residual is not None, ONE_CENTRED=one_centred, BLOCK=block, num_warps=warps,
+        xs, rs, qs, weight.contiguous(), os_, os_.shape[1], width, eps,
+        xs.stride(0), xs.stride(1), xs.stride(2) if parts else 0, rs.stride(0), rs.stride(1), qs.stride(0),
+        qs.stride(1), os_.stride(0), os_.stride(1), HAS_RESIDUAL=residual is not None, ONE_CENTRED=one_centred,
+        PARTS=x.shape[-2] if parts else 1, BLOCK=block, num_warps=warps,
     )
     return out
 

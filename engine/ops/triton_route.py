@@ -13,6 +13,10 @@ barrier is needed. The outputs are exactly `route` + `align`'s: the pairs of an 
 Top-k rule: the largest probabilities, ties broken to the lower expert id (so the ids are torch.topk's set whenever
 the k-th probability is not tied); ids in descending probability. A NaN probability ranks as 0, so the ids stay
 distinct and in range; a row with NaN or infinite logits gets NaN weights, as torch's softmax would.
+With `shared`, the logits carry one more column, the shared expert's gate (the merged router's last row), and every
+token gets one more pair, slot top_k: the shared expert as expert E with weight sigmoid(that logit) in float32. Its
+run (every token, in order) sorts last, so it starts where the routed runs end and needs no count, no column of its
+own in the top-k tiles (E_PAD stays the routed experts'), and the arrays are align's over E + 1 experts.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ def tokens_per_tile(tokens: int, num_experts: int) -> int:
     return min(triton.next_power_of_2(tokens), max(1, TILE // triton.next_power_of_2(num_experts)))
 
 
-def fits_one_launch(tokens: int, num_experts: int, top_k: int) -> bool:
-    """Whether route_and_align serves this shape (else route + align): a cost bound, tunable on the GPU."""
-    if not (tokens >= 1 and top_k <= num_experts <= TILE and tokens * top_k <= MAX_PAIRS):
+def fits_one_launch(tokens: int, num_experts: int, top_k: int, shared: bool = False) -> bool:
+    """Whether route_and_align serves this shape (else route + align): a cost bound, tunable on the GPU.
+    `num_experts` counts the routed experts; `shared` adds the shared expert's pair to every token's top_k."""
+    if not (tokens >= 1 and top_k <= num_experts <= TILE and tokens * (top_k + shared) <= MAX_PAIRS):
         return False
     return triton.cdiv(tokens, tokens_per_tile(tokens, num_experts)) <= MAX_TILES
 
@@ -71,13 +76,14 @@ def _top_k(logits_ptr, t, t_ok, e, e_ok, kk, stride_lt, stride_le, E_PAD: tl.con
 @triton.jit
 def _route_align_kernel(logits_ptr, ids_ptr, weights_ptr, sorted_ptr, block_expert_ptr, used_ptr, tokens, num_blocks,
                         stride_lt, stride_le, NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
-                        K_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, NORMALISE: tl.constexpr,
-                        FILL: tl.constexpr):
+                        SHARED: tl.constexpr, K_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
+                        NORMALISE: tl.constexpr, FILL: tl.constexpr):
     e = tl.arange(0, E_PAD)
     e_ok = e < NUM_EXPERTS
     kk = tl.arange(0, K_PAD)
-    num_pairs = tokens * TOP_K
-    # Pass 1: each expert's pair count, then its padded run [start, end).
+    slots = TOP_K + SHARED  # pairs a token
+    num_pairs = tokens * slots
+    # Pass 1: each routed expert's pair count, then its padded run [start, end).
     # While loops over tensor counters: Triton's interpreter cannot range() over a runtime bound.
     counts = tl.zeros([E_PAD], tl.int32)
     t0 = tl.zeros([], tl.int32)
@@ -90,15 +96,18 @@ def _route_align_kernel(logits_ptr, ids_ptr, weights_ptr, sorted_ptr, block_expe
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
-    used = tl.sum(padded, 0)
+    shared_start = tl.sum(padded, 0)  # the shared expert's run follows the routed runs
+    filled = shared_start + tokens * SHARED  # the end of the last real pair
+    used = shared_start + (tokens * SHARED + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     tl.store(used_ptr, used.to(used_ptr.dtype.element_ty))
-    # Sentinels: each run's tail after its pairs (fewer than BLOCK_M slots), then everything past the last run.
+    # Sentinels: each routed run's tail after its pairs (fewer than BLOCK_M slots), then everything after the last pair.
     tail = (starts + counts)[:, None] + tl.arange(0, BLOCK_M)[None, :]
     tl.store(sorted_ptr + tail, tl.zeros([E_PAD, BLOCK_M], tl.int32) + num_pairs, mask=tail < ends[:, None])
     f0 = tl.zeros([], tl.int32)
     while f0 < num_blocks * BLOCK_M:
         s = f0 + tl.arange(0, FILL)
-        tl.store(sorted_ptr + s, tl.zeros([FILL], tl.int32) + num_pairs, mask=(s >= used) & (s < num_blocks * BLOCK_M))
+        tl.store(sorted_ptr + s, tl.zeros([FILL], tl.int32) + num_pairs,
+                 mask=(s >= filled) & (s < num_blocks * BLOCK_M))
         f0 += FILL
     f0 = tl.zeros([], tl.int32)
     while f0 < num_blocks:
@@ -116,8 +125,16 @@ def _route_align_kernel(logits_ptr, ids_ptr, weights_ptr, sorted_ptr, block_expe
         if NORMALISE:
             probs = probs / tl.sum(probs, 1)[:, None]  # the padding slots hold 0
         probs = tl.where(finite[:, None], probs, float("nan"))
-        pairs = t[:, None] * TOP_K + kk[None, :]
-        pair_ok = t_ok[:, None] & (kk[None, :] < TOP_K)
+        if SHARED:  # slot TOP_K: the shared expert, weighted by the sigmoid of its gate's logit (the last column)
+            shared_logit = tl.load(logits_ptr + t.to(tl.int64) * stride_lt + NUM_EXPERTS * stride_le, mask=t_ok,
+                                   other=0.0).to(tl.float32)
+            probs = tl.where(kk[None, :] == TOP_K, tl.sigmoid(shared_logit)[:, None], probs)
+            ids = tl.where(kk[None, :] == TOP_K, NUM_EXPERTS, ids)
+            tl.store(sorted_ptr + shared_start + t, t * slots + TOP_K, mask=t_ok)
+            tl.store(block_expert_ptr + (shared_start + t) // BLOCK_M, tl.full([BLOCK_T], NUM_EXPERTS, tl.int32),
+                     mask=t_ok)
+        pairs = t[:, None] * slots + kk[None, :]
+        pair_ok = t_ok[:, None] & (kk[None, :] < slots)
         tl.store(ids_ptr + pairs, ids, mask=pair_ok)
         tl.store(weights_ptr + pairs, probs.to(weights_ptr.dtype.element_ty), mask=pair_ok)
         # A token's experts are distinct, so its pair's rank on an expert is the count of earlier tokens on it.
@@ -125,30 +142,34 @@ def _route_align_kernel(logits_ptr, ids_ptr, weights_ptr, sorted_ptr, block_expe
         for k in tl.static_range(TOP_K):
             expert = tl.sum(tl.where(kk[None, :] == k, ids, 0), 1)
             dest = tl.sum(tl.where(e[None, :] == expert[:, None], slot, 0), 1)
-            tl.store(sorted_ptr + dest, t * TOP_K + k, mask=t_ok)
+            tl.store(sorted_ptr + dest, t * slots + k, mask=t_ok)
             tl.store(block_expert_ptr + dest // BLOCK_M, expert, mask=t_ok)
         taken += tl.sum(picked, 0)
         t0 += BLOCK_T
 
 
-def route_and_align(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool, block_m: int, num_blocks: int
+def route_and_align(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool, block_m: int, num_blocks: int,
+                    shared: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """router_logits [tokens, E] (any strides) -> expert_ids [tokens, top_k] int32, weights [tokens, top_k] in the
     logits' dtype (route's values), then sorted_pair_ids, block_expert and used exactly as `align` makes them.
+    With `shared` the logits are [tokens, E + 1], the last column the shared gate's, and ids and weights gain slot
+    top_k: expert E, weight sigmoid(shared logit); the arrays are then align's over E + 1 experts.
     One launch, no host synchronisation, sizes fixed by the shape; the caller checks fits_one_launch first."""
-    tokens, num_experts = router_logits.shape
-    assert fits_one_launch(tokens, num_experts, top_k), (tokens, num_experts, top_k)
+    tokens, num_experts = router_logits.shape[0], router_logits.shape[1] - shared
+    assert fits_one_launch(tokens, num_experts, top_k, shared), (tokens, num_experts, top_k, shared)
     device = router_logits.device
-    expert_ids = torch.empty((tokens, top_k), dtype=torch.int32, device=device)
-    weights = torch.empty((tokens, top_k), dtype=router_logits.dtype, device=device)
+    slots = top_k + shared
+    expert_ids = torch.empty((tokens, slots), dtype=torch.int32, device=device)
+    weights = torch.empty((tokens, slots), dtype=router_logits.dtype, device=device)
     sorted_pair_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
     used = torch.empty(1, dtype=torch.int64, device=device)
     _route_align_kernel[(1,)](
         router_logits, expert_ids, weights, sorted_pair_ids, block_expert, used, tokens, num_blocks,
         router_logits.stride(0), router_logits.stride(1), NUM_EXPERTS=num_experts,
-        E_PAD=triton.next_power_of_2(num_experts), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-        BLOCK_T=tokens_per_tile(tokens, num_experts), BLOCK_M=block_m, NORMALISE=norm_topk_prob, FILL=FILL,
-        num_warps=8,
+        E_PAD=triton.next_power_of_2(num_experts), TOP_K=top_k, SHARED=int(shared),
+        K_PAD=triton.next_power_of_2(slots), BLOCK_T=tokens_per_tile(tokens, num_experts), BLOCK_M=block_m,
+        NORMALISE=norm_topk_prob, FILL=FILL, num_warps=8,
     )
     return expert_ids, weights, sorted_pair_ids, block_expert, used

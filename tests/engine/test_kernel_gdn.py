@@ -178,7 +178,8 @@ def test_merged_projections_give_the_unmerged_values():
     with torch.inference_mode():
         (ours, our_states), (theirs, their_states) = _prefill_then_decode(merged), _prefill_then_decode(layer)
     for mine, reference in zip([*ours, *our_states], [*theirs, *their_states], strict=True):
-        assert torch.equal(mine, reference)  # the same rows of the same GEMM: bit for bit
+        # The same rows of the same GEMM; a BLAS may block a wider N differently (last-bit float32 differences).
+        torch.testing.assert_close(mine, reference, rtol=1e-6, atol=1e-6)
 
 
 # --- on a GPU: bf16 at Qwen3-Next's sizes against the float32 reference -----------------------------------------

@@ -1,8 +1,10 @@
-"""The fused MoE path (engine/ops/triton_moe.py) and the merged router / MLP projections.
+"""The fused MoE path (engine/ops/triton_moe.py), the shared expert as expert E, and the merged projections.
 
-CPU: align's sorted, padded expert runs; each Triton kernel and the whole fused path under Triton's interpreter against
-the float64 expert loop (outputs poisoned with NaN first, so an unwritten element fails); merged equals unmerged.
-CUDA (the lead's H200): the bf16 kernels against the fp32 loop at the reference model's sizes, and inside a CUDA graph.
+CPU: align's sorted, padded expert runs; each Triton kernel and the whole fused path (its parts summed, with and without
+the shared expert as one more slot) under Triton's interpreter against the float64 expert loop (outputs poisoned with
+NaN first, so an unwritten element fails); merged equals unmerged, and merging keeps every parameter's name, shape and
+values as views of the merged storage. CUDA (the lead's H200): the bf16 kernels against the fp32 loop at the reference
+model's sizes, and inside a CUDA graph.
 """
 
 import pytest
@@ -145,9 +147,10 @@ def fused_errors() -> list[float]:
     cases += [(ids.shape[0], ids, block_m) for _, ids in edge_cases() for block_m in (16, 64)]
     for tokens, ids, block_m in cases:
         experts, x, ids, weights = moe_case(tokens, seed=tokens, ids=ids)
-        ours = fused_experts(x, ids, weights.t().contiguous().t(), experts.gate_up_proj.data,
-                             experts.down_proj.data, block_m)
-        results.append(norm_error(ours, reference(experts, x, ids, weights)))
+        parts = fused_experts(x, ids, weights.t().contiguous().t(), experts.gate_up_proj.data,
+                              experts.down_proj.data, block_m)
+        assert parts.shape == (*ids.shape, x.shape[1])
+        results.append(norm_error(parts.double().sum(1), reference(experts, x, ids, weights)))
     return results
 
 
@@ -156,10 +159,54 @@ def test_the_fused_path_matches_the_expert_loop_in_the_interpreter():
     assert len(errors) == 15 and max(errors) <= FP32
 
 
+def shared_case(tokens: int, seed: int, num_experts: int = 8, hidden: int = 64, inter: int = 32, top_k: int = 3
+                ) -> tuple[SparseMoE, torch.Tensor]:
+    """A merged SparseMoE whose shared expert has an expert's size (so it is expert E), and x (a strided view)."""
+    g = torch.Generator().manual_seed(seed)
+    moe = SparseMoE(hidden, num_experts, top_k, inter, norm_topk_prob=True, shared_intermediate_size=inter)
+    with torch.no_grad():
+        for param in moe.parameters():
+            param.copy_(torch.randn(param.shape, generator=g) * 0.3)
+    merge_projections(nn.Sequential(moe))
+    return moe, torch.randn(tokens, 2 * hidden, generator=g)[:, ::2]
+
+
+def shared_slot_errors() -> list[float]:
+    """fused_experts over route's pairs plus the shared slot, its parts summed, against the float64 loop over the
+    routed pairs plus sigmoid(g) * the shared MLP; then the count of unwritten (NaN) outputs."""
+    from engine.layers.moe import route, with_shared_slot
+    from engine.ops.triton_moe import fused_experts
+
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True  # torch.empty gives NaN: what is unwritten shows
+    results = []
+    for tokens, block_m in ((1, 16), (5, 16), (37, 32), (37, 64)):
+        moe, x = shared_case(tokens, seed=tokens + block_m)
+        experts = moe.experts
+        logits = x @ moe.router_weight.t()
+        ids, weights = with_shared_slot(*route(logits[:, :8], 3, True), logits[:, 8:], 8)
+        parts = fused_experts(x, ids, weights, experts.gate_up_with_shared, experts.down_with_shared, block_m)
+        double = SparseMoE(64, 8, 3, 32, norm_topk_prob=True, shared_intermediate_size=32).double()  # unmerged
+        double.load_state_dict(moe.state_dict())
+        with torch.no_grad():
+            routed = double.experts.looped(x.double(), ids[:, :3], weights[:, :3].double())
+            ref = routed + torch.sigmoid(logits[:, 8:].double()) * double.shared_expert(x.double())
+        results += [norm_error(parts.double().sum(1), ref), float(parts.isnan().sum())]
+    return results
+
+
+def test_the_shared_expert_as_one_more_slot_matches_the_loop_plus_the_shared_mlp_in_the_interpreter():
+    results = run_interpreted("from test_kernel_moe import shared_slot_errors\n"
+                              "print(*shared_slot_errors(), sep='\\n')")
+    errors, unwritten = results[0::2], results[1::2]
+    assert len(errors) == 4 and max(errors) <= FP32
+    assert unwritten == [0.0] * 4
+
+
 # --- merged projections -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shared", [48, 0])
+@pytest.mark.parametrize("shared", [48, 32, 0])
 def test_the_merged_router_gives_the_unmerged_values(shared):
     torch.manual_seed(0)
     moe = SparseMoE(64, 8, 3, 32, norm_topk_prob=True, shared_intermediate_size=shared)
@@ -174,7 +221,47 @@ def test_the_merged_router_gives_the_unmerged_values(shared):
     if shared:
         assert moe.gate.weight.data_ptr() == moe.router_weight.data_ptr()  # a view: no byte held twice
         assert moe.shared_expert.gate_up_weight is not None
+    assert moe.experts.has_shared_slot == (shared == 32)  # only a shared expert of an expert's size becomes one
     assert relative_error(after, before) <= 1e-6
+
+
+def test_the_shared_expert_stacked_as_expert_e_keeps_every_parameter_as_a_view():
+    torch.manual_seed(2)
+    moe = SparseMoE(64, 8, 3, 32, norm_topk_prob=True, shared_intermediate_size=32)
+    for param in moe.parameters():
+        nn.init.normal_(param, std=0.3)
+    model = nn.Sequential(moe)
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    state_names = list(model.state_dict())
+    merge_projections(model)  # the walk reaches SparseMoE, then its shared GatedMLP: the MLP must keep the view
+    experts, shared = moe.experts, moe.shared_expert
+    gate_up, down = experts.gate_up_with_shared, experts.down_with_shared
+    assert gate_up.shape == (9, 64, 64) and down.shape == (9, 64, 32)
+    params = dict(model.named_parameters())
+    assert list(params) == list(before) and list(model.state_dict()) == state_names
+    for name, param in params.items():
+        assert param.is_contiguous() and torch.equal(param, before[name]), name  # same shape, values, bytes
+    assert experts.gate_up_proj.data_ptr() == gate_up.data_ptr() and experts.down_proj.data_ptr() == down.data_ptr()
+    assert shared.gate_proj.weight.data_ptr() == gate_up[8].data_ptr()
+    assert shared.up_proj.weight.data_ptr() == gate_up[8, 32:].data_ptr()
+    assert shared.down_proj.weight.data_ptr() == down[8].data_ptr()
+    assert shared.gate_up_weight.data_ptr() == gate_up[8].data_ptr()
+    # Nothing held twice: the merged storages hold exactly the parameters' bytes.
+    held = sum(t.untyped_storage().nbytes() for t in (gate_up, down, moe.router_weight))
+    assert held == sum(param.numel() * param.element_size() for param in model.parameters())
+
+    merge_projections(model)  # parameters still its views (a kept layer): kept, not copied
+    assert experts.gate_up_with_shared is gate_up and experts.down_with_shared is down
+    fresh = torch.randn(32, 64)
+    shared.up_proj.weight = nn.Parameter(fresh.clone(), requires_grad=False)  # refilled, as a reconfiguration does
+    merge_projections(model)
+    restacked = experts.gate_up_with_shared
+    assert restacked is not gate_up and torch.equal(restacked[8, 32:], fresh)
+    assert torch.equal(restacked[:8], before["0.experts.gate_up_proj"])
+    assert torch.equal(restacked[8, :32], before["0.shared_expert.gate_proj.weight"])
+    assert shared.up_proj.weight.data_ptr() == restacked[8, 32:].data_ptr()
+    assert shared.gate_up_weight.data_ptr() == restacked[8].data_ptr()
+    assert experts.gate_up_proj.data_ptr() == restacked.data_ptr()
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -217,7 +304,8 @@ def test_fused_experts_on_the_gpu():
             ref = experts.looped(x, ids, weights)
             gpu = experts.to("cuda", torch.bfloat16)
             args = x.cuda().bfloat16(), ids.cuda(), weights.cuda().bfloat16()
-            outs = [gpu(*args)] + [fused_experts(*args, gpu.gate_up_proj, gpu.down_proj, m) for m in (16, 32, 64)]
+            outs = [gpu(*args)]  # the grouped matmuls (no Triton in them)
+            outs += [fused_experts(*args, gpu.gate_up_proj, gpu.down_proj, m).float().sum(1) for m in (16, 32, 64)]
             for out in outs:
                 assert torch.isfinite(out).all()
                 assert relative_error(out.float().cpu(), ref) <= BF16, (num_experts, tokens)
@@ -225,6 +313,8 @@ def test_fused_experts_on_the_gpu():
 
 @cuda
 def test_fused_experts_replay_in_a_cuda_graph():
+    from engine.ops.triton_moe import fused_experts
+
     experts, x, ids, weights = gpu_case(32, 4, seed=5)
     gpu = experts.to("cuda", torch.bfloat16)
     static = [x.cuda().bfloat16(), ids.cuda(), weights.cuda().bfloat16()]
@@ -233,11 +323,11 @@ def test_fused_experts_replay_in_a_cuda_graph():
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm up (Triton compile, torch.compile of align) outside the capture
             for _ in range(2):
-                gpu(*static)
+                fused_experts(*static, gpu.gate_up_proj, gpu.down_proj)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = gpu(*static)
+            out = fused_experts(*static, gpu.gate_up_proj, gpu.down_proj)
         for seed in (11, 12):
             _, x, ids, weights = gpu_case(32, 4, seed=seed)
             for buffer, new in zip(static, (x, ids, weights), strict=True):
@@ -248,4 +338,4 @@ def test_fused_experts_replay_in_a_cuda_graph():
             experts_cpu.gate_up_proj.data.copy_(gpu.gate_up_proj.float().cpu())
             experts_cpu.down_proj.data.copy_(gpu.down_proj.float().cpu())
             ref = experts_cpu.looped(static[0].float().cpu(), ids, static[2].float().cpu())
-            assert relative_error(out.float().cpu(), ref) <= BF16
+            assert relative_error(out.float().sum(1).cpu(), ref) <= BF16

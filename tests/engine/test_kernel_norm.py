@@ -3,8 +3,10 @@
 Kernels run under Triton's interpreter on the CPU (float32 against a float64 formula; float16 against the eager code,
 whose roundings they must reproduce) and, where a GPU is, in bf16 at real sizes. The interpreter rounds float32 to
 bf16 by truncation (real Triton rounds to nearest even), so in the interpreter bf16 is held to a looser bound and the
-exact rounding placement is held through float16, which it rounds correctly. The model checks run on the CPU: the
-residual-stream layers and the merged projection must give today's values.
+exact rounding placement is held through float16, which it rounds correctly. The residual add also takes parts (an
+MoE's unsummed expert outputs): summed in float32, rounded once, then added as before. The model checks run on the
+CPU: the residual-stream layers and the merged projection must give today's values, and a layer range sums parts at
+its end.
 """
 
 import pytest
@@ -14,7 +16,7 @@ from interpret import run_interpreted
 
 from engine import fused
 from engine.layers.merge import merge_projections
-from engine.layers.norm import RMSNorm, add_rms_norm, gated_rms_norm, rms_norm
+from engine.layers.norm import RMSNorm, add_rms_norm, gated_rms_norm, rms_norm, sum_parts
 from engine.layers.step import LayerStep
 from engine.loader import load_model
 from engine.ops.attention import PagedMetadata
@@ -76,6 +78,35 @@ def _report_rms_norm() -> None:
     print(_rel(triton_rms_norm(q, weight, EPS, True), _exact_norm(q, weight, True)), 1e-5)
 
 
+def _report_rms_norm_parts() -> None:
+    """Run in the interpreter: prints (error, bound) pairs for the residual add of parts [..., P, width]."""
+    from engine.ops.triton_norm import triton_rms_norm
+
+    g = torch.Generator().manual_seed(6)
+    # (parts, residual) shapes: Qwen3-Next's 11 slots, a 4-D case, one part; the first parts a strided slice.
+    shapes = (((5, 12, 72), (5, 72)), ((2, 3, 4, 64), (2, 3, 64)), ((3, 1, 2048), (3, 2048)))
+    for dtype in (torch.float32, torch.float16):
+        for (parts_shape, residual_shape), one_centred in [(s, c) for s in shapes for c in (True, False)]:
+            parts = torch.randn(*parts_shape, generator=g).to(dtype)
+            parts = parts[:, :11] if parts_shape[1] == 12 else parts
+            residual = torch.randn(*residual_shape, generator=g).to(dtype)
+            weight = (torch.randn(parts.shape[-1], generator=g) * 0.2 + (0.0 if one_centred else 1.0)).to(dtype)
+            kept, summed_out, in_place = residual.clone(), torch.full_like(residual, float("nan")), residual.clone()
+            out = torch.full_like(residual, float("nan"))
+            triton_rms_norm(parts, weight, EPS, one_centred, kept, summed_out, out=out)
+            in_place_out = triton_rms_norm(parts, weight, EPS, one_centred, in_place)
+            if dtype == torch.float32:
+                summed = residual.double() + parts.double().sum(-2)
+                reference = _exact_norm(summed, weight, one_centred)
+            else:
+                reference, summed = add_rms_norm(parts, residual, weight, EPS, one_centred)
+            bound = INTERPRETED_BOUNDS[dtype]
+            for error, limit in ((_rel(out, reference), bound), (_rel(in_place_out, reference), bound),
+                                 (_rel(summed_out, summed), bound / 10), (_rel(in_place, summed), bound / 10),
+                                 (_rel(kept, residual), 0.0)):
+                print(error, limit)
+
+
 def _report_gated_rms_norm() -> None:
     """Run in the interpreter: prints (error, bound) pairs for every case of kernel b."""
     from engine.ops.triton_norm import triton_gated_rms_norm
@@ -111,6 +142,12 @@ def test_rms_norm_kernel_in_the_interpreter():
     assert all(error <= bound for error, bound in pairs), pairs
 
 
+def test_rms_norm_kernel_sums_parts_in_the_interpreter():
+    pairs = _interpreted_pairs("_report_rms_norm_parts")
+    assert len(pairs) == 2 * 3 * 2 * 5
+    assert all(error <= bound for error, bound in pairs), pairs
+
+
 def test_gated_rms_norm_kernel_in_the_interpreter():
     pairs = _interpreted_pairs("_report_gated_rms_norm")
     assert len(pairs) == 3 * 2 + 1
@@ -128,6 +165,48 @@ def test_eager_residual_norm_is_the_add_then_the_norm(one_centred):
         out, summed = norm(x, residual)
         assert torch.equal(summed, kept + x) and torch.equal(residual, kept)  # eager never writes the residual
         assert torch.equal(out, rms_norm(kept + x, norm.weight, EPS, one_centred))
+
+
+@pytest.mark.parametrize("one_centred", [True, False])
+def test_eager_residual_norm_sums_parts_once_then_adds(one_centred):
+    g = torch.Generator().manual_seed(7)
+    parts = torch.randn(7, 11, 64, generator=g).bfloat16()
+    residual = torch.randn(7, 64, generator=g).bfloat16()
+    norm = RMSNorm(64, EPS, one_centred).bfloat16()
+    torch.nn.init.normal_(norm.weight, std=0.3)
+    once = parts.float().sum(1).bfloat16()
+    stepwise = parts[:, 0]
+    for part in parts.unbind(1)[1:]:
+        stepwise = stepwise + part
+    assert not torch.equal(once, stepwise)  # where the rounding happens shows
+    with torch.no_grad():
+        out, summed = norm(parts, residual)
+    assert torch.equal(sum_parts(parts, residual), once) and torch.equal(sum_parts(residual, residual), residual)
+    assert torch.equal(summed, residual + once)
+    assert torch.equal(out, rms_norm(residual + once, norm.weight, EPS, one_centred))
+
+
+class _AsParts(torch.nn.Module):
+    """An MLP whose output comes as two halves, [tokens, 2, hidden], as the MoE's Triton path returns its parts."""
+
+    def __init__(self, mlp: torch.nn.Module):
+        super().__init__()
+        self.inner = mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        return torch.stack([out * 0.5, out * 0.5], dim=-2)  # halves of a float32 value sum back to it exactly
+
+
+def test_layers_and_the_range_end_sum_an_mlps_parts(reference_checkpoint):
+    folder, _ = reference_checkpoint("qwen3_next_moe")
+    ranges = [load_model(folder, 0, 2), load_model(folder, 2, 4)]
+    whole = _steps(TinyRunner(ranges))
+    for model in ranges:
+        for layer in model.layers.values():
+            layer.mlp = _AsParts(layer.mlp)
+    parts = _steps(TinyRunner(ranges))  # every norm and the first range's end now receive parts
+    assert all(torch.equal(a, b) for a, b in zip(parts, whole, strict=True))
 
 
 # --- the model: merged projections and the residual stream give today's values -------------------------------------
@@ -263,3 +342,35 @@ def test_the_norm_module_updates_the_residual_in_place_and_replays_in_a_graph(mo
             graph.replay()
             assert torch.equal(residual, fresh_residual + fresh_x)
             assert _rel(out, add_rms_norm(fresh_x, fresh_residual, norm.weight, EPS, True)[0]) <= 4e-3
+
+
+@cuda
+@pytest.mark.parametrize("one_centred", [True, False])
+def test_rms_norm_kernel_sums_parts_on_the_gpu(one_centred, monkeypatch):
+    """Qwen3-Next's 11 parts (10 routed experts and the shared one) added to the residual, then normed."""
+    monkeypatch.setattr(fused, "enabled", False)
+    g = torch.Generator().manual_seed(8)
+    norm = RMSNorm(2048, EPS, one_centred).cuda()
+    torch.nn.init.normal_(norm.weight, std=0.1, mean=0.0 if one_centred else 1.0)
+    norm = norm.bfloat16()
+    for tokens in (1, 8, 300):
+        parts, residual = torch.randn(tokens, 11, 2048, generator=g) * 0.1, torch.randn(tokens, 2048, generator=g)
+        parts16, residual16 = parts.cuda().bfloat16(), residual.cuda().bfloat16()
+        want = residual16 + parts16.float().sum(1).bfloat16()  # the eager sum: float32, rounded once, then the add
+        with torch.inference_mode():
+            out, summed = norm(parts16, residual16, in_place=False)
+            # The kernel's float32 order of the parts may round a few sums to the neighbouring bf16 value.
+            assert float((summed != want).float().mean()) <= 0.01 and _rel(summed, want) <= 1e-3
+            exact = _exact_norm(residual + parts.sum(1), norm.weight.float().cpu(), one_centred)
+            assert _rel(out.cpu(), exact) <= 1e-2
+            assert _rel(out, add_rms_norm(parts16, residual16, norm.weight, EPS, one_centred)[0]) <= 4e-3
+            # Captured, it reads whatever the parts and the residual hold at replay, and updates the residual in place.
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out, _ = norm(parts16, residual16)
+            kept = residual16.clone()
+            parts16.copy_(torch.randn(tokens, 11, 2048, generator=g).cuda().bfloat16())
+            graph.replay()
+            fresh = kept + parts16.float().sum(1).bfloat16()
+            assert float((residual16 != fresh).float().mean()) <= 0.01
+            assert _rel(out, add_rms_norm(parts16, kept, norm.weight, EPS, one_centred)[0]) <= 4e-3
