@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -110,6 +111,7 @@ def main() -> None:
                         help="comma-separated batch sizes (default 1,8,64,256; toy 1,2)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the served engine's own output, line by line
     toy = args.toy or args.device == "cpu"
     batches = args.batches or ([1, 2] if toy else [1, 8, 64, 256])
     prompt_len, gen_len = (16, 4) if toy else (512, 32)

@@ -1,12 +1,12 @@
 """Our Triton kernels against their peers, in one process on one GPU: each timed with CUDA events over many launches,
 as bytes moved per second and as a ratio to the peer measured in the same run.
 
-- gemv (engine/ops/triton_gemv.py) vs cuBLAS (F.linear) on the bench model's small-batch projections;
 - the conv prefill (engine/ops/triton_conv_prefill.py) at 64 x 512 tokens vs a device-to-device copy of the same
   bytes (its floor: it reads every input and writes every output once);
 - the GDN decode kernel's tile choices at batch 1 and 64 vs a copy of the state bytes it reads and writes;
-- one MoE layer's routed + shared experts at batch 1, 8 and 64 (engine/layers/moe.py, as the engine runs it, in a
-  CUDA graph) vs the copy time of the expert bytes a step must read.
+- one MoE layer's routed + shared experts at batch 1, 8 and 64 (engine/layers/moe.py, as the engine runs it) vs the
+  copy time of the expert bytes a step must read.
+Every time is a CUDA graph's replay (device time, not Python's launches).
 
     python benchmarks/kernel_speed.py --out $OUT    # writes kernel_speed.json and prints a table
 """
@@ -26,20 +26,25 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 # The bench model's widths (benchmarks/gpu.py: reference-hybrid-64 at 48 layers, 32 experts top-8).
-HIDDEN, VALUE_WIDTH, QKVZ_WIDTH, EXPERTS, TOP_K, MOE_INTER = 2048, 4096, 12288 + 64, 32, 8, 512
+HIDDEN, EXPERTS, TOP_K, MOE_INTER = 2048, 32, 8, 512
 GROUPS, SEGMENTS, GROUP_WIDTH = 16, (128, 128, 256), 768  # GDN's grouped projection: q, k, v, z per key-head group
 
 
-def device_time(run, launches: int = 200) -> float:
-    """Median seconds per launch of `run` over batches of launches (CUDA events around each batch)."""
+def device_time(run, launches: int = 50) -> float:
+    """Median seconds per launch of `run`, captured `launches` times in one CUDA graph and replayed: device time
+    only (timed launch by launch from Python, a small kernel measures Triton's launcher, not itself)."""
     run()
     torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            run()
+    graph.replay()
     times = []
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(launches):
-            run()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / launches)
@@ -50,34 +55,7 @@ def copy_time(num_bytes: int) -> float:
     """A device-to-device copy that reads and writes num_bytes / 2 each: the floor for moving num_bytes."""
     src = torch.empty(num_bytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    return device_time(lambda: dst.copy_(src), launches=50)
-
-
-def gemv_rows() -> list[dict]:
-    """gemv with its chosen tiles, without a K split, and with 16-row column blocks, against cuBLAS."""
-    from engine.ops.triton_gemv import GemvTiles, choose_tiles, gemv
-
-    rows = []
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for rows_m, out_n, in_k, name in [(1, HIDDEN, VALUE_WIDTH, "out_proj"), (1, QKVZ_WIDTH, HIDDEN, "in_proj_qkvz"),
-                                      (4, HIDDEN, VALUE_WIDTH, "out_proj"), (8, HIDDEN, VALUE_WIDTH, "out_proj")]:
-        x = torch.randn(rows_m, in_k, device="cuda", dtype=torch.bfloat16)
-        weight = torch.randn(out_n, in_k, device="cuda", dtype=torch.bfloat16) / in_k**0.5
-        exact = x.float() @ weight.float().T
-        error = (gemv(x, weight).float() - exact).norm() / exact.norm()
-        chosen = choose_tiles(rows_m, out_n, in_k, sms)
-        variants = {"chosen": chosen, "no_split": GemvTiles(chosen.block_n, chosen.block_k, 1, chosen.num_warps),
-                    "block_n_16": GemvTiles(16, chosen.block_k, chosen.split_k, chosen.num_warps)}
-        weight_bytes = weight.numel() * weight.element_size()
-        cublas = device_time(lambda x=x, weight=weight: F.linear(x, weight))
-        row = {"name": name, "m": rows_m, "n": out_n, "k": in_k, "chosen": str(chosen), "cublas_s": cublas,
-               "cublas_bytes_per_s": weight_bytes / cublas, "rel_error": float(error)}
-        for label, tiles in variants.items():
-            seconds = device_time(lambda x=x, weight=weight, tiles=tiles: gemv(x, weight, tiles=tiles))
-            row[f"{label}_s"], row[f"{label}_bytes_per_s"] = seconds, weight_bytes / seconds
-            row[f"{label}_speedup"] = cublas / seconds
-        rows.append(row)
-    return rows
+    return device_time(lambda: dst.copy_(src), launches=10)
 
 
 def conv_row(prompts: int = 64, prompt_len: int = 512) -> dict:
@@ -90,7 +68,7 @@ def conv_row(prompts: int = 64, prompt_len: int = 512) -> dict:
     state = torch.zeros(prompts, channels, 3, device="cuda", dtype=torch.bfloat16)
     spans = [(i * prompt_len, (i + 1) * prompt_len, i, False) for i in range(prompts)]
     out = torch.empty(tokens, channels, device="cuda", dtype=torch.bfloat16)
-    ours = device_time(lambda: triton_conv_prefill(x, weight, state, spans, SEGMENTS, out=out), launches=20)
+    ours = device_time(lambda: triton_conv_prefill(x, weight, state, spans, SEGMENTS, out=out), launches=10)
     # Correctness beside the timing: the first span against the PyTorch reference.
     reference, _ = conv_prefill(ungroup(x[:prompt_len], SEGMENTS).float(), weight.float(), None)
     moved = 2 * tokens * channels * x.element_size()
@@ -136,11 +114,7 @@ def moe_rows() -> list[dict]:
     for batch in (1, 8, 64):
         x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
         with torch.inference_mode():
-            layer(x)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                layer(x)
-        seconds = device_time(graph.replay)
+            seconds = device_time(lambda x=x: layer(x))
         hit = len(torch.unique(torch.topk(F.linear(x, layer.gate.weight).float(), TOP_K).indices))
         read = (hit + 1) * expert_bytes  # the experts hit and the shared expert
         rows.append({"batch": batch, "layer_s": seconds, "experts_hit": hit, "bytes": read,
@@ -155,8 +129,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "card": torch.cuda.get_device_name(),
                     "torch": torch.__version__}
-    for name, measure in (("gemv", gemv_rows), ("conv_prefill", conv_row), ("gdn_decode", gdn_decode_rows),
-                          ("moe_layer", moe_rows)):
+    for name, measure in (("conv_prefill", conv_row), ("gdn_decode", gdn_decode_rows), ("moe_layer", moe_rows)):
         try:
             result[name] = measure()
         except Exception as error:  # one kernel's failure must not hide the others' figures

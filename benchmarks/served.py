@@ -33,7 +33,7 @@ def rig_file(folder: Path, rig: str, memory: str | None, shape: dict, workspace_
     if memory:
         data["ranks"][0]["memory"] = memory
     if workspace_bytes is not None:
-        data["ranks"][0]["workspace"] = workspace_bytes
+        data["ranks"][0]["workspace"] = f"{workspace_bytes}B"
     data["shape"] = {**data.get("shape", {}), **shape}
     data["name"] = f"{data['name']}-served-bench"
     path = folder / "served_rig.json"
@@ -61,6 +61,8 @@ def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
                 rows.append(_one_batch(engine, prompts_for(config.vocab_size, batch, prompt_len, seed), params))
             except (RuntimeError, TimeoutError) as error:
                 rows.append({"batch": batch, "error": str(error)[:2000]})
+            # Each batch's figures are kept as they come: a run cut off later still leaves them.
+            (folder / "served_rows.json").write_text(json.dumps(rows))
         state = engine.state()
         engine.close()
     finally:

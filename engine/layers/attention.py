@@ -13,7 +13,6 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.fused import fused
-from engine.layers.linear import project
 from engine.layers.merge import stack_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary
@@ -74,7 +73,7 @@ class Attention(nn.Module):
         out = out.reshape(tokens, -1)
         if gate is not None:
             out = gate_output(out, gate)
-        return project(self.o_proj, out)
+        return self.o_proj(out)
 
 
 @fused

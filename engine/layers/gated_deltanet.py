@@ -15,7 +15,6 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.fused import fused
-from engine.layers.linear import project
 from engine.layers.merge import stack_rows
 from engine.layers.norm import GatedRMSNorm
 from engine.layers.step import LayerStep
@@ -85,4 +84,4 @@ class GatedDeltaNet(nn.Module):
             out = gdn_forward(q, k, v, g, beta, recurrent_state, step.ctx)
         z = qkvz[..., 2 * self.k_dim + per_key * self.v_dim:]
         out = self.norm(out.reshape(-1, self.v_dim), z.reshape(-1, self.v_dim)).reshape(tokens, self.value_width)
-        return project(self.out_proj, out)
+        return self.out_proj(out)
