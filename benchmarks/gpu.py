@@ -156,7 +156,7 @@ def main() -> None:
         measured = result["engine"].get("prefill_activation_peak_bytes")
         workspace = int(measured * 1.2) if measured else None
         result["served"] = served.served_sweep(ckpt, batches, prompt_len, gen_len, 0, rig, memory, args.out,
-                                               workspace)
+                                               workspace, 1 if toy else 2)
         result["served"]["workspace_bytes"] = workspace
         print("served:", {k: v for k, v in result["served"].items() if k != "rows"}, flush=True)
         save()
