@@ -1,7 +1,8 @@
 """Recording what the engine measured of the layout it serves (the `measurement` of GET /control/state).
 
-- `note_job_end(job, engine)`: the worker calls it when a job's operation ended on the engine; it records the layout
-  the engine then runs (source `job_end`) and the job's prediction (console.calibration.predictions).
+- `note_job_end(job, state, engine_url)`: the worker calls it when a job's operation ended on the engine, with the
+  engine's state it read then (once, for the layout watch too); it records the layout the engine then runs (source
+  `job_end`) and the job's prediction (console.calibration.predictions).
 - `measure(client)`: beat calls it every SEAM_MEASURE_S; it records a `periodic` row when the engine's window has
   decode steps, at most one per SEAM_MEASURE_S per engine, and not when the window is the one recorded last (an
   idle engine keeps reporting its last window: repeats of one window would read as a layout without noise).
@@ -68,16 +69,12 @@ def record(state: dict, source: str, job: Job | None = None, engine_url: str | N
     return None if measurement is None else _save(measurement, source, job, url)
 
 
-def note_job_end(job: Job, engine: EngineClient) -> None:
-    """The job's operation ended: record the layout the engine runs now and the job's prediction against it."""
+def note_job_end(job: Job, state: dict, engine_url: str) -> None:
+    """The job's operation ended: record the layout the engine runs now (its `state`, read by the worker) and the
+    job's prediction against it."""
     try:
-        state = engine.state()
-    except EngineError as error:
-        log.warning("job %s: no measurement recorded, the engine's state could not be read (%s)", job.pk, error)
-        return
-    try:
-        row = record(state, MeasurementSource.JOB_END, job=job, engine_url=engine.base_url)
-        predictions.predict(job, state, row, engine_url=engine.base_url)
+        row = record(state, MeasurementSource.JOB_END, job=job, engine_url=engine_url)
+        predictions.predict(job, state, row, engine_url=engine_url)
     except Exception:  # the job has ended as the engine said; a bookkeeping failure here must not change that
         log.exception("job %s: recording its measurement or prediction failed", job.pk)
 

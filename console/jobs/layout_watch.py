@@ -42,16 +42,11 @@ def _layout(state: EngineState) -> dict:
     return {"fingerprint": state["fingerprint"], "cut": state["cut"], "shape": state["shape"]}
 
 
-def note_job_end(job: Job, engine: EngineClient) -> None:
-    """The job's operation has ended: whatever layout the engine runs now is the job's doing."""
-    try:
-        state = engine.state()
-    except EngineError as error:
-        # Not fatal: the watch attributes a change to a job that ended without a note.
-        log.warning("job %s: the engine's layout after it could not be read (%s)", job.pk, error)
-        return
-    known = LayoutObservation.objects.known(engine.base_url)
-    LayoutObservation.objects.create(engine_url=engine.base_url, cause=LayoutCause.JOB, job=job,
+def note_job_end(job: Job, state: EngineState, engine_url: str) -> None:
+    """The job's operation has ended: the layout the engine runs now (its `state`, read by the worker) is the job's
+    doing."""
+    known = LayoutObservation.objects.known(engine_url)
+    LayoutObservation.objects.create(engine_url=engine_url, cause=LayoutCause.JOB, job=job,
                                      before=known.layout() if known else None, **_layout(state))
 
 

@@ -197,8 +197,14 @@ def _ended_on_engine(job: Job, engine: EngineClient, operation: Operation, recon
     """End the job as its operation ended, then note the layout the engine runs as the job's doing, so the layout
     watch does not take the job's own change for one nobody explains."""
     ending = _end(job, operation["status"], operation.get("error") or "", operation, reconciled=reconciled)
-    layout_watch.note_job_end(job, engine)
-    recording.note_job_end(job, engine)  # never raises: the job has ended as the engine said
+    try:
+        state = engine.state()  # read once: the layout watch and the calibration both note it
+    except EngineError as error:
+        # Not fatal: the watch attributes a change to a job that ended without a note, the calibration records none.
+        log.warning("job %s: the engine's state after it could not be read (%s)", job.pk, error)
+        return ending
+    layout_watch.note_job_end(job, state, engine.base_url)
+    recording.note_job_end(job, state, engine.base_url)  # never raises: the job has ended as the engine said
     return ending
 
 

@@ -72,12 +72,9 @@ def check_prefill(seed: int, lengths: tuple[int, ...], num_slots: int, groups: i
             float(out[~in_span].isfinite().sum())]
 
 
-def test_conv_prefill_kernel_matches_the_pytorch_path_in_the_interpreter():
-    cases = [
-        "0, lengths=(1, 2, 3, 7, 40, 1, 2, 3), num_slots=11, groups=2, segments=(4, 4, 6), kernel=4",  # GDN's layout
-        "1, lengths=(40, 3, 1, 7), num_slots=6, groups=3, segments=(100,), kernel=4, grouped=False",  # 300: 3 blocks
-        "2, lengths=(2, 1, 5, 40), num_slots=5, groups=1, segments=(8, 8, 20), kernel=3, gap=0",  # odd kernel, abutting
-    ]
+def _check_interpreted(cases: list[str]) -> None:
+    """Run check_prefill(case) for each case under the interpreter: outputs and states within FP32, rows outside the
+    spans and slots outside them untouched."""
     lines = "\n".join(f"print(*check_prefill({case}), sep='\\n')" for case in cases)
     values = run_interpreted(f"from test_kernel_conv_prefill import check_prefill\n{lines}")
     assert len(values) == 4 * len(cases)
@@ -85,6 +82,15 @@ def test_conv_prefill_kernel_matches_the_pytorch_path_in_the_interpreter():
         out, state, untouched, stray = values[4 * i:4 * i + 4]
         assert out <= FP32 and state <= FP32 and untouched == 0.0 and stray == 0.0, (case, out, state, untouched,
                                                                                        stray)
+
+
+def test_conv_prefill_kernel_matches_the_pytorch_path_in_the_interpreter():
+    cases = [
+        "0, lengths=(1, 2, 3, 7, 40, 1, 2, 3), num_slots=11, groups=2, segments=(4, 4, 6), kernel=4",  # GDN's layout
+        "1, lengths=(40, 3, 1, 7), num_slots=6, groups=3, segments=(100,), kernel=4, grouped=False",  # 300: 3 blocks
+        "2, lengths=(2, 1, 5, 40), num_slots=5, groups=1, segments=(8, 8, 20), kernel=3, gap=0",  # odd kernel, abutting
+    ]
+    _check_interpreted(cases)
 
 
 def test_tiles_are_aligned_runs_dividing_every_segment_width_or_masked():
@@ -117,13 +123,7 @@ def test_conv_prefill_kernel_tiles_and_span_edges_in_the_interpreter():
         f"6, lengths=(1, 2, {tile}, {tile + 2}), num_slots=5, groups=1, segments=(256,), kernel=2, grouped=False, "
         "gap=1",
     ]
-    lines = "\n".join(f"print(*check_prefill({case}), sep='\\n')" for case in cases)
-    values = run_interpreted(f"from test_kernel_conv_prefill import check_prefill\n{lines}")
-    assert len(values) == 4 * len(cases)
-    for i, case in enumerate(cases):
-        out, state, untouched, stray = values[4 * i:4 * i + 4]
-        assert out <= FP32 and state <= FP32 and untouched == 0.0 and stray == 0.0, (case, out, state, untouched,
-                                                                                       stray)
+    _check_interpreted(cases)
 
 
 # --- on a GPU: bf16 at Qwen3-Next's sizes against the float32 reference -----------------------------------------

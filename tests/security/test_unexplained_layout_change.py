@@ -9,6 +9,8 @@ import pytest
 from job_helpers import move_engine, other_cut
 
 from console.audit.models import AuditEvent
+from console.calibration import recording
+from console.calibration.models import JobPrediction
 from console.jobs import layout_watch, services, worker
 from console.jobs.layout_watch import UNEXPLAINED_CHANGE
 
@@ -53,6 +55,20 @@ def test_a_change_no_job_caused_is_audited_once_and_shown_on_the_dashboard(live_
     assert UNEXPLAINED_CHANGE in client.get(f"/audit/?action={UNEXPLAINED_CHANGE}").content.decode()
 
 
+def test_a_job_end_reads_the_engines_state_once_for_the_watch_and_the_calibration(live_engine, run_job,
+                                                                                    monkeypatch):
+    noted: dict[str, dict] = {}
+    for module in (layout_watch, recording):
+        def note(job, state, engine_url, real=module.note_job_end, name=module.__name__):
+            noted[name] = state
+            real(job, state, engine_url)
+        monkeypatch.setattr(module, "note_job_end", note)
+    job = run_job()
+    assert noted[layout_watch.__name__] is noted[recording.__name__]  # one read, handed to both
+    assert noted[layout_watch.__name__]["fingerprint"] == live_engine.state()["fingerprint"]
+    assert job.layout_observations.count() == 1 and JobPrediction.objects.filter(job=job).exists()
+
+
 def test_a_change_a_job_caused_is_not_flagged(live_engine, run_job, viewer, client):
     layout_watch.watch()
     job = run_job()
@@ -67,7 +83,7 @@ def test_a_job_whose_worker_could_not_note_the_layout_still_explains_it_but_noth
                                                                                           monkeypatch):
     layout_watch.watch()
     with monkeypatch.context() as lost:  # the engine could not be read right after the job ended
-        lost.setattr(layout_watch, "note_job_end", lambda job, engine: None)
+        lost.setattr(layout_watch, "note_job_end", lambda job, state, engine_url: None)
         job = run_job()
     assert layout_watch.watch() == f"layout {live_engine.state()['fingerprint']}: job {job.pk}'s doing"
     moved = move_engine(live_engine)  # that job ended before: it explains nothing after

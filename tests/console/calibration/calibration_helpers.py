@@ -71,5 +71,5 @@ def executed_job(before: list[int], after: list[int], pool: int = 9120) -> Job:
 
 def end_job(job: Job, state: dict) -> JobPrediction:
     """What the worker does as the job's operation ends: record the layout and the prediction."""
-    recording.note_job_end(job, FakeEngine(state).client())
+    recording.note_job_end(job, state, URL)
     return JobPrediction.objects.get(job=job)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from calibration_helpers import FakeEngine, end_job, executed_job, measurement, stages, state_of
+from calibration_helpers import URL, end_job, executed_job, measurement, stages, state_of
 
 from console.calibration import predictions, recording
 from console.calibration.models import JobPrediction
@@ -81,10 +81,9 @@ def test_a_bookkeeping_failure_never_raises_into_the_worker(caplog):
     state = state_of(measurement([8, 4, 4], None))
     del state["cut"]  # the prediction cannot be made
     with caplog.at_level(logging.ERROR, logger="seam.calibration"):
-        recording.note_job_end(job, FakeEngine(state).client())
+        recording.note_job_end(job, state, URL)
     assert "recording its measurement or prediction failed" in caplog.text
     assert not JobPrediction.objects.exists() and Job.objects.get(pk=job.pk).status == "succeeded"
-    recording.note_job_end(job, FakeEngine(None).client())  # an unreachable engine: logged, nothing raised
 
 
 def test_summary_is_the_running_mean_and_max_of_the_sizes_newest_last(measured, seed):
