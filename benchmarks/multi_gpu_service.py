@@ -131,10 +131,9 @@ class HttpEngine:
 
     def submit(self, prompt: list[int], params: SamplingParams) -> TimedHandle:
         """Stream one request; a refusal at the door raises EngineRequestError with the service's reason."""
-        body = {"prompt": prompt, "max_tokens": params.max_tokens, "temperature": 0, "ignore_eos": params.ignore_eos,
-                "stream": True}
         handle = TimedHandle(next(self.ids), list(prompt), submitted_s=time.perf_counter())
-        response = self.client.send(self.client.build_request("POST", "/v1/completions", json=body), stream=True)
+        response = self.client.send(self.client.build_request("POST", "/v1/completions",
+                                                              json=stream_body(prompt, params)), stream=True)
         if response.status_code != 200:
             message = _message(response.read())
             response.close()
@@ -147,30 +146,12 @@ class HttpEngine:
     def _read(response: httpx.Response, handle: TimedHandle) -> None:
         try:
             for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line.removeprefix("data: "))
-                if "error" in chunk:  # admitted, then refused (400) or failed (500) mid-stream: said in the stream
-                    handle.finish_reason, handle.error = "refused", chunk["error"]["message"]
-                    continue
-                choice = chunk["choices"][0]
-                arrived = time.perf_counter()
-                if choice["token_ids"] and handle.first_token_s is None:
-                    handle.first_token_s = arrived
-                for token in choice["token_ids"]:
-                    handle.token_times.append(arrived)
-                    handle.token_ids.append(token)
-                    handle.tokens.put(token)
-                handle.finish_reason = choice["finish_reason"] or handle.finish_reason
-            if handle.finish_reason is None:
-                handle.finish_reason, handle.error = "refused", "the stream ended without a finish reason"
+                take_event(handle, line)
         except (httpx.HTTPError, ValueError, KeyError) as error:
             handle.finish_reason, handle.error = "refused", f"the stream broke: {type(error).__name__}: {error}"
         finally:
             response.close()
-            handle.done_s = time.perf_counter()
-            handle.tokens.put(None)
-            handle.done.set()
+            end_stream(handle)
 
     def complete(self, prompt: list[int], max_tokens: int) -> list[int]:
         """Greedy token ids of one request on its own (the batch is the same in every engine compared)."""
@@ -185,6 +166,38 @@ class HttpEngine:
 
     def close(self) -> None:
         self.client.close()
+
+
+def stream_body(prompt: list[int], params: SamplingParams) -> dict:
+    """A streaming /v1/completions body: token ids in, greedy (the batch is the same in every engine compared)."""
+    return {"prompt": prompt, "max_tokens": params.max_tokens, "temperature": 0, "ignore_eos": params.ignore_eos,
+            "stream": True}
+
+
+def take_event(handle: TimedHandle, line: str) -> None:
+    """One line of a completion's event stream into `handle`, timing each token's arrival."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return
+    chunk = json.loads(line.removeprefix("data: "))
+    if "error" in chunk:  # admitted, then refused (400) or failed (500) mid-stream: said in the stream
+        handle.finish_reason, handle.error = "refused", chunk["error"]["message"]
+        return
+    choice = chunk["choices"][0]
+    arrived = time.perf_counter()
+    if choice["token_ids"] and handle.first_token_s is None:
+        handle.first_token_s = arrived
+    for token in choice["token_ids"]:
+        handle.token_times.append(arrived)
+        handle.emit(token)
+    handle.finish_reason = choice["finish_reason"] or handle.finish_reason
+
+
+def end_stream(handle: TimedHandle) -> None:
+    """The stream is over: a stream that ended without a finish reason is a refusal."""
+    if handle.finish_reason is None:
+        handle.finish_reason, handle.error = "refused", "the stream ended without a finish reason"
+    handle.done_s = time.perf_counter()
+    handle.end(handle.finish_reason, handle.error)
 
 
 def _message(raw: bytes) -> str:

@@ -2,28 +2,38 @@
 `LLM`) driven through the OpenAI API, `batch` streaming requests at once, with the prompts and greedy lengths of the
 `LLM` sweep (engine.bench_sweep) so the two compare in one run.
 
-Requests are sent one after another as a client would, so the first ones start while the last are still arriving:
-prefill is timed from the first request sent until every request has its first token, and decode is the steady
-state after that — the tokens every request emits once all of them are decoding, over the time until the last ends.
+A batch's requests are sent at once from one asyncio client (one event loop reads every stream, so the client's own
+cost per token stays small next to the engine's): prefill is timed from the first request sent until every request
+has its first token, and decode is the steady state after that — the tokens every request emits once all of them are
+decoding, over the time until the last ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import yaml
 
-from benchmarks.multi_gpu_service import HttpEngine, Service
+from benchmarks.multi_gpu_service import (
+    CONTROL_TOKEN,
+    HttpEngine,
+    Service,
+    TimedHandle,
+    end_stream,
+    stream_body,
+    take_event,
+)
 from engine.bench_sweep import prompts_for, serving_shape
 from engine.config import ModelConfig
 from engine.sampler import SamplingParams
+from solvers.attestation import bearer_token
 from solvers.rig import load_rig
 
 ANSWER_S = 600.0
-SUBMITTERS = 64  # requests in flight to the door at once
 
 
 def rig_file(folder: Path, rig: str, memory: str | None, shape: dict, workspace_bytes: int | None = None) -> Path:
@@ -63,13 +73,13 @@ def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
         for batch in batches:  # a batch that fails is recorded with its error; the ones before it are kept
             prompts = prompts_for(config.vocab_size, batch, prompt_len, seed)
             try:
-                runs = [_one_batch(engine, prompts, params) for _ in range(repeat)]
+                runs = [_one_batch(service.url, prompts, params) for _ in range(repeat)]
                 best = dict(runs[-1])
                 for rate in ("prefill", "decode"):
                     fastest = max(runs, key=lambda run, rate=rate: run[f"{rate}_tok_s"])
                     best.update({f"{rate}_s": fastest[f"{rate}_s"], f"{rate}_tok_s": fastest[f"{rate}_tok_s"]})
                 rows.append(best)
-            except (RuntimeError, TimeoutError) as error:
+            except (RuntimeError, TimeoutError, httpx.HTTPError) as error:
                 rows.append({"batch": batch, "error": str(error)[:2000]})
             # Each batch's figures are kept as they come: a run cut off later still leaves them.
             (folder / "served_rows.json").write_text(json.dumps(rows))
@@ -81,15 +91,9 @@ def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
             "measurement": state.get("measurement"), "cut": state.get("cut")}
 
 
-def _one_batch(engine: HttpEngine, prompts: list[list[int]], params: SamplingParams) -> dict:
+def _one_batch(url: str, prompts: list[list[int]], params: SamplingParams) -> dict:
     sent = time.perf_counter()
-    # All at once, as a serving benchmark's clients arrive: one after another, each submission would wait for the
-    # previous one's response headers and the engine would prefill the batch in as many small steps.
-    with ThreadPoolExecutor(min(len(prompts), SUBMITTERS)) as pool:
-        handles = list(pool.map(lambda prompt: engine.submit(prompt, params), prompts))
-    for handle in handles:
-        if not handle.done.wait(ANSWER_S):
-            raise TimeoutError(f"request {handle.request_id} had no answer within {ANSWER_S:.0f} s")
+    handles = asyncio.run(asyncio.wait_for(_stream_all(url, prompts, params), ANSWER_S))
     failed = [h.error for h in handles if h.finish_reason != "length" or len(h.token_ids) != params.max_tokens]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(handles)} requests did not finish whole: {failed[:3]}")
@@ -103,3 +107,21 @@ def _one_batch(engine: HttpEngine, prompts: list[list[int]], params: SamplingPar
             "decode_s": last_done - all_decoding, "decode_tok_s": decoded / (last_done - all_decoding),
             "token_ids": [h.token_ids for h in handles]}
 
+
+async def _stream_all(url: str, prompts: list[list[int]], params: SamplingParams) -> list[TimedHandle]:
+    limits = httpx.Limits(max_connections=len(prompts) + 1, max_keepalive_connections=len(prompts) + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(ANSWER_S, connect=30.0), limits=limits,
+                                 headers=bearer_token(CONTROL_TOKEN)) as client:
+        return await asyncio.gather(*(_stream(client, number, prompt, params)
+                                      for number, prompt in enumerate(prompts)))
+
+
+async def _stream(client: httpx.AsyncClient, number: int, prompt: list[int], params: SamplingParams) -> TimedHandle:
+    handle = TimedHandle(number, list(prompt), submitted_s=time.perf_counter())
+    async with client.stream("POST", "/v1/completions", json=stream_body(prompt, params)) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"request {number}: HTTP {response.status_code}: {(await response.aread())[:500]!r}")
+        async for line in response.aiter_lines():
+            take_event(handle, line)
+    end_stream(handle)
+    return handle

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.sampler import SamplingParams
-
 if TYPE_CHECKING:
     from engine.scheduler import Batch
 
@@ -176,9 +174,11 @@ class StepPlan:
     block_tables: list[list[int]]
     block_size: int
     positions: list[int]
-    # Per sequence, its sampling parameters when this step yields its next token (None while a prompt is still
-    # being prefilled in chunks): the last stage returns the sampler's logits for exactly those rows.
-    sampling: list[SamplingParams | None] = field(default_factory=list)
+    # Per sequence, None while a prompt is still being prefilled in chunks (no token this step), else whether its
+    # token is drawn at random (True) or is the argmax (False): the last stage returns the sampler's logits for
+    # exactly those rows, whole rows only for the draws. Flags, not SamplingParams: the plan is pickled to every
+    # rank each step (at batch 256 the parameters were two thirds of its pickling time).
+    draws: list[bool | None] = field(default_factory=list)
 
     @classmethod
     def from_batch(cls, batch: Batch, block_size: int) -> StepPlan:
@@ -189,7 +189,7 @@ class StepPlan:
         return cls(token_ids, list(batch.query_lens), list(batch.cached_lens),
                    [seq.state_slot or 0 for seq in batch.seqs], [list(seq.block_table) for seq in batch.seqs],
                    block_size, positions,
-                   [seq.params if batch.completes_prompt(i) else None for i, seq in enumerate(batch.seqs)])
+                   [not seq.params.greedy if batch.completes_prompt(i) else None for i, seq in enumerate(batch.seqs)])
 
     @property
     def num_seqs(self) -> int:

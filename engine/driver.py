@@ -204,9 +204,7 @@ class PipelineDriver:
         self.sampler.release(seq.seq_id)
         self.latency.finished(seq.seq_id, reason)
         if handle is not None:
-            handle.finish_reason, handle.error = reason, error
-            handle.tokens.put(None)
-            handle.done.set()
+            handle.end(reason, error)
 
     # --- the engine loop -------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -254,8 +252,7 @@ class PipelineDriver:
             for seq_id, token in tokens.items():
                 handle = self.handles.get(seq_id)
                 if handle is not None:
-                    handle.token_ids.append(token)
-                    handle.tokens.put(token)
+                    handle.emit(token)
             for seq in finished:
                 self._finish(seq, seq.finish_reason or "length")
         self.throughput.append((time.monotonic(), len(token_ids) - decode, decode))
@@ -305,7 +302,4 @@ class PipelineDriver:
             self.ranks.stop()
         with self.lock:
             for seq_id in list(self.handles):
-                handle = self.handles.pop(seq_id)
-                handle.finish_reason, handle.error = "refused", "the engine shut down"
-                handle.tokens.put(None)
-                handle.done.set()
+                self.handles.pop(seq_id).end("refused", "the engine shut down")

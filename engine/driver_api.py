@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,7 +29,10 @@ class ApplyRefused(Exception):
 
 @dataclass
 class RequestHandle:
-    """One admitted request. `tokens` yields each new token id as it is sampled, then None at the end."""
+    """One admitted request. `tokens` yields each new token id as it is sampled, then None at the end.
+
+    The driver reports through `emit` and `end` only; each calls `listener` (when one is set) afterwards, so a reader
+    can sleep until there is something to read instead of polling (the service's streams: one wake-up per token)."""
 
     request_id: int
     prompt_ids: list[int]
@@ -37,6 +41,22 @@ class RequestHandle:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "refused" or "error" (with `error`)
     error: str | None = None
+    listener: Callable[[], None] | None = None
+
+    def emit(self, token: int) -> None:
+        self.token_ids.append(token)
+        self.tokens.put(token)
+        self._tell()
+
+    def end(self, finish_reason: str, error: str | None = None) -> None:
+        self.finish_reason, self.error = finish_reason, error
+        self.tokens.put(None)
+        self.done.set()
+        self._tell()
+
+    def _tell(self) -> None:
+        if self.listener is not None:
+            self.listener()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)

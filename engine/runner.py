@@ -38,12 +38,12 @@ class ModelRunner:
         `hidden` is the previous rank's output (None on the first range, which reads the plan's token ids)."""
         if self.graphs is not None and plan.all_decode and self.graphs.fits(plan.num_seqs):
             outputs = self.graphs.run(plan, hidden)
-            return outputs[0] if not self.model.is_last else StepLogits.take(outputs[0], plan.sampling, outputs[1])
+            return outputs[0] if not self.model.is_last else StepLogits.take(outputs[0], plan.draws, outputs[1])
         ctx = plan.context(self.device)
         if hidden is None:
             hidden = torch.tensor(plan.token_ids, dtype=torch.long, device=self.device)
         hidden = self.model(hidden, ctx, self.caches)
         if not self.model.is_last:
             return hidden
-        return StepLogits.take(self.model.compute_logits(hidden, ctx).float(), plan.sampling)
+        return StepLogits.take(self.model.compute_logits(hidden, ctx).float(), plan.draws)
 

@@ -58,17 +58,17 @@ class StepLogits:
     rows: dict[int, torch.Tensor]  # row index -> float32 logits on the host, for rows that sample
 
     @classmethod
-    def take(cls, logits: torch.Tensor, sampling: list[SamplingParams | None],
-             argmax: torch.Tensor | None = None) -> StepLogits:
-        """The rows of `logits` [seqs, vocab] whose `sampling` entry is set, in order (others yield no token)."""
-        ready = [i for i, param in enumerate(sampling) if param is not None]
+    def take(cls, logits: torch.Tensor, draws: list[bool | None], argmax: torch.Tensor | None = None) -> StepLogits:
+        """The rows of `logits` [seqs, vocab] whose `draws` entry is not None, in order (others yield no token); the
+        full row of each whose entry is True (drawn at random), the argmax of every one."""
+        ready = [i for i, draw in enumerate(draws) if draw is not None]
         if not ready:
             return cls([], {})
         argmax = torch.argmax(logits, dim=-1) if argmax is None else argmax
-        if len(ready) < len(sampling):  # only some rows yield a token (chunked prefills): pick theirs
+        if len(ready) < len(draws):  # only some rows yield a token (chunked prefills): pick theirs
             argmax = argmax[torch.tensor(ready, dtype=torch.long, device=logits.device)]
         picked = argmax.tolist()
-        drawn = [n for n, i in enumerate(ready) if not sampling[i].greedy]
+        drawn = [n for n, i in enumerate(ready) if draws[i]]
         rows = logits[torch.tensor([ready[n] for n in drawn], device=logits.device)].float().cpu() if drawn else []
         return cls(picked, dict(zip(drawn, rows, strict=True)))
 
@@ -98,7 +98,7 @@ class Sampler:
         """Every row's next token, or in its place the exception its sampling raised: one request's failure stays
         its own (as asyncio.gather's return_exceptions), and its neighbours' draws are exactly as without it."""
         if isinstance(logits, torch.Tensor):
-            logits = StepLogits.take(logits, list(params))
+            logits = StepLogits.take(logits, [not param.greedy for param in params])
         tokens: list[int | Exception] = []
         for index, (param, seq_id) in enumerate(zip(params, seq_ids, strict=True)):
             try:

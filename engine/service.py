@@ -1,8 +1,9 @@
 """The engine's HTTP service: OpenAI-compatible generation, the control API, Prometheus metrics.
 
 It only translates HTTP to the `Driver` surface (engine/driver_api.py). Every driver call may block (locks,
-rank round trips), so each runs on a worker thread; waiting for tokens polls the request's queue from the
-event loop instead, so a thousand open streams hold no threads and a slow one never starves the control API.
+rank round trips), so each runs on a worker thread; waiting for tokens is the event loop's (engine/token_stream.py:
+the driver's emit wakes the stream), so a thousand open streams hold no threads and a slow one never starves the
+control API.
 
 Who may call what is engine/access.py's: each route names its gate (control token, API key, or open), checked
 before the handler reads the body. Every JSON body is read within bounds (engine/json_body.py: 413, 400).
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,12 +36,11 @@ from engine.driver_api import ApplyRefused, Driver, RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.json_body import DEFAULT_MAX_BODY_BYTES, read_json_object
 from engine.openai_api import ApiError, IncrementalText, Reply, error_body, parse_chat, parse_completion
+from engine.token_stream import TokenStream
 from solvers.errors import SolverError
 
 log = logging.getLogger(__name__)
 
-_POLL_FIRST_S = 0.0005  # a decode step takes milliseconds: poll fast after a token, back off while idle
-_POLL_MAX_S = 0.01
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
 _PLAN_HASH = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -88,43 +87,6 @@ async def _http_error(request: Request, error: Exception) -> Response:
 
 async def _run(function: Callable[..., Any], *args: Any, limiter: anyio.CapacityLimiter | None = None) -> Any:
     return await to_thread.run_sync(function, *args, limiter=limiter)
-
-
-async def _wait(handle: RequestHandle, request: Request | None = None) -> bool:
-    """Wait for the request to finish; False when the client went away first (it is then cancelled)."""
-    delay = _POLL_FIRST_S
-    while not handle.done.is_set():
-        if request is not None and await request.is_disconnected():
-            return False
-        await anyio.sleep(delay)
-        delay = min(delay * 2, _POLL_MAX_S)
-    return True
-
-
-async def _token_batches(handle: RequestHandle) -> AsyncIterator[list[int]]:
-    """Each batch of token ids sampled since the last, until the request's end marker (None)."""
-    delay = _POLL_FIRST_S
-    while True:
-        batch: list[int] = []
-        ended = False
-        try:
-            while not ended:
-                token = handle.tokens.get_nowait()
-                ended = token is None
-                if not ended:
-                    batch.append(token)
-        except queue.Empty:
-            # A driver that fails before queueing its end marker still sets `done`.
-            ended = handle.done.is_set() and handle.tokens.empty()
-        if batch:
-            yield batch
-            delay = _POLL_FIRST_S
-        if ended:
-            await _wait(handle)  # finish_reason and error are final only once `done` is set
-            return
-        if not batch:
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
 
 
 def _failure(handle: RequestHandle) -> ApiError | None:
@@ -187,13 +149,14 @@ class _Service:
                 raise ApiError(str(error), "messages" if chat else "prompt") from None
         params = parsed.params(len(prompt), driver.max_model_len)
         handle: RequestHandle = await _run(driver.submit, prompt, params)
+        stream = TokenStream(handle)
         reply = Reply(chat=chat, model=driver.model_name)
         if parsed.stream:
-            return StreamingResponse(self._events(handle, reply, parsed.include_usage),
+            return StreamingResponse(self._events(stream, reply, parsed.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         finished = False
         try:
-            finished = await _wait(handle, request)
+            finished = await stream.finished(request)
         finally:
             if not finished:
                 await self._cancel(handle)
@@ -203,21 +166,23 @@ class _Service:
         text = await _run(driver.decode, handle.token_ids)
         return JSONResponse(reply.whole(text, list(handle.token_ids), handle.finish_reason, len(handle.prompt_ids)))
 
-    async def _events(self, handle: RequestHandle, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-        """Server-sent events: one chunk per batch of new tokens, a last one with the finish reason, [DONE]."""
+    async def _events(self, stream: TokenStream, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+        """Server-sent events: one chunk per batch of new tokens, a last one with the finish reason, [DONE].
+        The text of a chunk is decoded on the loop: a few tokens' window costs microseconds, a thread hop more."""
+        handle = stream.handle
         text = IncrementalText(self.driver.decode)
         finished = False
         try:
             if reply.chat:
                 yield _sse(reply.chunk("", [], role=True))
-            async for batch in _token_batches(handle):
-                yield _sse(reply.chunk(await _run(text.push, batch), batch))
+            async for batch in stream.batches():
+                yield _sse(reply.chunk(text.push(batch), batch))
             finished = True
             failure = _failure(handle)
             if failure:
                 yield _sse(error_body(failure.message, failure.status))
             else:
-                yield _sse(reply.chunk(await _run(text.flush), [], handle.finish_reason))
+                yield _sse(reply.chunk(text.flush(), [], handle.finish_reason))
                 if include_usage:
                     yield _sse(reply.usage_chunk(len(handle.prompt_ids), len(handle.token_ids)))
         except Exception as error:  # the status line is sent: all that is left is to say so in the stream

@@ -63,12 +63,8 @@ class FakeDriver:
     def _generate(self, handle: RequestHandle, max_tokens: int) -> None:
         for i in range(max_tokens):
             time.sleep(self.delay)
-            token = (handle.prompt_ids[i % len(handle.prompt_ids)] + 1) % 256
-            handle.token_ids.append(token)
-            handle.tokens.put(token)
-        handle.finish_reason = "length"
-        handle.tokens.put(None)
-        handle.done.set()
+            handle.emit((handle.prompt_ids[i % len(handle.prompt_ids)] + 1) % 256)
+        handle.end("length")
 
     def encode(self, text: str) -> list[int]:
         if not self.tokenizer:
@@ -305,11 +301,8 @@ class RefusingDriver(FakeDriver):
     """Admits, then refuses mid-flight (as a driver does with a request that can no longer fit)."""
 
     def _generate(self, handle: RequestHandle, max_tokens: int) -> None:
-        handle.tokens.put(1)
-        handle.token_ids.append(1)
-        handle.finish_reason, handle.error = "refused", "preempted and can no longer fit"
-        handle.tokens.put(None)
-        handle.done.set()
+        handle.emit(1)
+        handle.end("refused", "preempted and can no longer fit")
 
 
 def test_a_refusal_after_admission_is_400_or_an_error_event():
