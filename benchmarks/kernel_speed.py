@@ -5,7 +5,9 @@ as bytes moved per second and as a ratio to the peer measured in the same run.
   bytes (its floor: it reads every input and writes every output once);
 - the GDN decode kernel's tile choices at batch 1 and 64 vs a copy of the state bytes it reads and writes;
 - one MoE layer's routed + shared experts at batch 1, 8 and 64 (engine/layers/moe.py, as the engine runs it) vs the
-  copy time of the expert bytes a step must read.
+  copy time of the expert bytes a step must read;
+- the MoE routing launches alone (engine/ops/triton_route.py) at batch 1 to 512: from x and the merged router
+  [33, 2048] (its GEMV inside, as the engine runs it), and from the logits, beside the router GEMV they replace.
 Every time is a CUDA graph's replay (device time, not Python's launches).
 
     python benchmarks/kernel_speed.py --out $OUT    # writes kernel_speed.json and prints a table
@@ -122,6 +124,25 @@ def moe_rows() -> list[dict]:
     return rows
 
 
+def routing_rows() -> list[dict]:
+    from engine.ops.triton_moe import num_blocks_for, pick_block_m
+    from engine.ops.triton_route import route_and_align
+
+    weight = torch.randn(EXPERTS + 1, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02  # the shared gate's row last
+    rows = []
+    for batch in (1, 8, 64, 256, 512):
+        x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        logits = F.linear(x, weight)
+        pairs = batch * (TOP_K + 1)
+        block_m = pick_block_m(pairs, EXPERTS + 1)  # as routed_experts picks it
+        args = (TOP_K, True, block_m, num_blocks_for(pairs, EXPERTS + 1, block_m), True)
+        inside = device_time(lambda x=x, args=args: route_and_align(x, *args, router_weight=weight))
+        from_logits = device_time(lambda logits=logits, args=args: route_and_align(logits, *args))
+        rows.append({"batch": batch, "routing_with_gemv_s": inside, "routing_from_logits_s": from_logits,
+                     "router_gemv_s": device_time(lambda x=x: F.linear(x, weight))})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -129,7 +150,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "card": torch.cuda.get_device_name(),
                     "torch": torch.__version__}
-    for name, measure in (("conv_prefill", conv_row), ("gdn_decode", gdn_decode_rows), ("moe_layer", moe_rows)):
+    for name, measure in (("conv_prefill", conv_row), ("gdn_decode", gdn_decode_rows), ("moe_layer", moe_rows),
+                          ("routing", routing_rows)):
         try:
             result[name] = measure()
         except Exception as error:  # one kernel's failure must not hide the others' figures

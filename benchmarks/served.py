@@ -31,6 +31,7 @@ from engine.bench_sweep import prompts_for, serving_shape
 from engine.config import ModelConfig
 from engine.sampler import SamplingParams
 from solvers.attestation import bearer_token
+from solvers.measurement import LayoutMeasurement
 from solvers.rig import load_rig
 
 ANSWER_S = 600.0
@@ -75,6 +76,10 @@ def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
             try:
                 runs = [_one_batch(service.url, prompts, params) for _ in range(repeat)]
                 best = dict(runs[-1])
+                # The driver's own clock (no HTTP, no client): medians over the engine's newest finished requests,
+                # which are this batch's when batches run smallest first (its window is 256 requests).
+                latency = LayoutMeasurement.from_dict(engine.state()["measurement"], "state.measurement").latency
+                best.update(engine_ttft_ms=latency.ttft_ms, engine_itl_ms=latency.itl_ms)
                 for rate in ("prefill", "decode"):
                     fastest = max(runs, key=lambda run, rate=rate: run[f"{rate}_tok_s"])
                     best.update({f"{rate}_s": fastest[f"{rate}_s"], f"{rate}_tok_s": fastest[f"{rate}_tok_s"]})

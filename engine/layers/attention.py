@@ -1,8 +1,9 @@
 """Full (or sliding-window) attention over the paged KV cache: projections, q/k norm, rotary, optional output gate.
 
 One class covers the families: Llama/Mistral (plain), Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and Qwen3-Next
-(one-centred q/k norm, partial rotary, and a sigmoid gate on the output that q_proj yields alongside the queries).
-Once merged (engine/layers/merge.py) q, k and v come from one GEMM over the stacked weights, then a split of views.
+(one-centred q/k norm, partial rotary, and a sigmoid gate on the output that q_proj yields alongside the queries;
+paged attention applies it, inside the decode kernel on CUDA). Once merged (engine/layers/merge.py) q, k and v come
+from one GEMM over the stacked weights, then a split of views.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.fused import fused
 from engine.layers.merge import stack_rows
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary
@@ -59,9 +59,8 @@ class Attention(nn.Module):
         q, k, v = self._project(x)
         gate = None
         if self.gated:
-            # Per head, q_proj yields [query | gate] side by side.
+            # Per head, q_proj yields [query | gate] side by side; the gate stays a strided view (no copy).
             q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(tokens, -1)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -69,13 +68,5 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
         k_cache, v_cache = step.caches.kv(self.layer_index)
-        out = paged_attention(q, k, v, k_cache, v_cache, step.paged, self.head_dim**-0.5, self.window)
-        out = out.reshape(tokens, -1)
-        if gate is not None:
-            out = gate_output(out, gate)
-        return self.o_proj(out)
-
-
-@fused
-def gate_output(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    return out * torch.sigmoid(gate)
+        out = paged_attention(q, k, v, k_cache, v_cache, step.paged, self.head_dim**-0.5, self.window, gate)
+        return self.o_proj(out.reshape(tokens, -1))

@@ -3,7 +3,7 @@
 Expert weights are held fused as 3-D tensors (gate and up stacked), the layout transformers keeps in memory;
 the loader builds them from either checkpoint layout (per-expert tensors or fused).
 On CUDA in half precision the routed experts run as two fused Triton grouped GEMMs (engine/ops/triton_moe.py: SiLU·mul
-and the routing weights inside them; at decode sizes the routing and the sort by expert are one more launch,
+and the routing weights inside them; at decode sizes the routing and the sort by expert are one or two more launches,
 engine/ops/triton_route.py), and the layer returns the weighted parts [tokens, slots, hidden] unsummed: the next
 RMSNorm (or the range end) sums them as it reads them (engine/layers/norm.py). Without Triton, bf16 runs two torch
 grouped matmuls over the pairs sorted by expert. Both make no host synchronisation (a decode step can be captured in a
@@ -11,8 +11,11 @@ CUDA graph) and read only the experts hit. Elsewhere each hit expert runs once o
 `SparseMoE.merge_projections()` stacks the router and the shared-expert gate into one [E + 1, H] tensor: one GEMV
 serves both. A shared expert of the routed experts' size is also stacked as expert E: the expert tensors' storage
 becomes [E + 1, ...] and every parameter, the shared expert's included, a view of it (engine/layers/merge.py). The
-Triton path then runs it as one more routed slot a token, weighted by sigmoid(its gate's logit), so a layer is the
-router GEMV, the routing launch and the two GEMMs. Other shapes (or an unmerged layer) run it as its own GatedMLP.
+Triton path then runs it as one more routed slot a token, weighted by sigmoid(its gate's logit). At decode sizes, with
+a router small enough (Qwen3-Next's [33, 2048]), the routing kernel computes the logits itself from x and the merged
+weight (`SparseMoE.kernel_router`): no router GEMV, so a layer is the routing launch (two past one tile of tokens) and
+the two GEMMs. A larger router keeps its GEMV; a shared expert of another shape (or an unmerged layer's) runs as its own
+GatedMLP, its gate's logit from the GEMV.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from engine.layers.mlp import GatedMLP, silu_mul
 
 try:
     from engine.ops.triton_moe import fused_experts, routed_experts
-    from engine.ops.triton_route import fits_one_launch
+    from engine.ops.triton_route import fits_router_gemv, fits_routing_kernels
 except ImportError:  # no Triton (CPU-only installs): grouped_mm on CUDA bf16, the loop elsewhere
-    fused_experts = routed_experts = fits_one_launch = None
+    fused_experts = routed_experts = fits_router_gemv = fits_routing_kernels = None
 
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
@@ -69,19 +72,24 @@ class Experts(nn.Module):
         half = x.dtype in (torch.bfloat16, torch.float16) and self.gate_up_proj.dtype == x.dtype
         return x.is_cuda and half and fused_experts is not None
 
-    def routes_in_one_launch(self, x: torch.Tensor, top_k: int) -> bool:
-        """Whether routing and alignment run as one Triton launch (decode-sized batches on the Triton path)."""
-        return self.runs_triton(x) and fits_one_launch(x.shape[0], self.num_experts, top_k, self.has_shared_slot)
+    def routes_in_kernels(self, x: torch.Tensor, top_k: int) -> bool:
+        """Whether routing and alignment run as the Triton routing kernels (decode-sized batches on the Triton path)."""
+        return self.runs_triton(x) and fits_routing_kernels(x.shape[0], self.num_experts, top_k)
 
-    def triton_parts(self, x: torch.Tensor, logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> torch.Tensor:
+    def triton_parts(self, x: torch.Tensor, top_k: int, norm_topk_prob: bool, logits: torch.Tensor | None = None,
+                     router_weight: torch.Tensor | None = None) -> torch.Tensor:
         """The Triton path from the router's logits [tokens, E] (more columns are ignored, but with the shared slot
-        column E is the shared gate's logit) -> the weighted parts [tokens, slots, hidden]: top_k routed, then the
-        shared expert's when it is slot E. One launch routes and aligns at decode sizes, else route + align."""
+        column E is the shared gate's logit), or from x and `router_weight` (SparseMoE.kernel_router's: the routing
+        kernel computes the logits) -> the weighted parts [tokens, slots, hidden]: top_k routed, then the shared
+        expert's when it is slot E. The routing kernels route and align at decode sizes, else route + align."""
         num_experts, shared = self.num_experts, self.has_shared_slot
         gate_up, down = ((self.gate_up_with_shared, self.down_with_shared) if shared
                          else (self.gate_up_proj, self.down_proj))
-        if self.routes_in_one_launch(x, top_k):
-            return routed_experts(x, logits[:, :num_experts + shared], top_k, norm_topk_prob, gate_up, down, shared)
+        if router_weight is not None:
+            return routed_experts(x, top_k, norm_topk_prob, gate_up, down, router_weight=router_weight, shared=shared)
+        if self.routes_in_kernels(x, top_k):
+            return routed_experts(x, top_k, norm_topk_prob, gate_up, down, logits=logits[:, :num_experts + shared],
+                                  shared=shared)
         expert_ids, weights = route(logits[:, :num_experts], top_k, norm_topk_prob)
         if shared:
             expert_ids, weights = with_shared_slot(expert_ids, weights, logits[:, num_experts:num_experts + 1],
@@ -140,9 +148,26 @@ class SparseMoE(nn.Module):
         """Whether the shared expert has a routed expert's shape (Qwen3-Next: both 512 wide), so it can be one."""
         return self.shared_expert.down_proj.weight.shape == self.experts.down_proj.shape[1:]
 
+    def kernel_router(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The router's weight when the routing kernel computes the logits from x itself (no GEMV of their own): on
+        the routing kernels' path, for a router small enough, when nothing else needs the logits. That is the merged
+        router ([E + 1, H]) with the shared expert as slot E, or the router alone without a shared expert; a shared
+        expert of its own (or an unmerged layer's) needs its gate's logit from the GEMV anyway. Else None."""
+        if self.experts.has_shared_slot:
+            weight = self.router_weight
+        elif self.shared_expert is None:
+            weight = self.gate.weight
+        else:
+            return None
+        fits = self.experts.routes_in_kernels(x, self.top_k) and weight.dtype == x.dtype
+        return weight if fits and fits_router_gemv(self.experts.num_experts, x.shape[1]) else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, hidden] -> [tokens, hidden], or on the Triton path the weighted parts [tokens, slots, hidden]
         (top_k routed, then the shared expert's when it runs as slot E), left for the consumer to sum."""
+        router_weight = self.kernel_router(x)
+        if router_weight is not None:  # the logits are computed inside the routing launch
+            return self.experts.triton_parts(x, self.top_k, self.norm_topk_prob, router_weight=router_weight)
         if self.router_weight is not None:
             logits = F.linear(x, self.router_weight)  # the experts' logits, then the shared gate's
             shared_logit = logits[..., -1:]
@@ -150,7 +175,7 @@ class SparseMoE(nn.Module):
             logits = self.gate(x)
             shared_logit = self.shared_expert_gate(x) if self.shared_expert_gate is not None else None
         if self.experts.runs_triton(x):
-            parts = self.experts.triton_parts(x, logits, self.top_k, self.norm_topk_prob)
+            parts = self.experts.triton_parts(x, self.top_k, self.norm_topk_prob, logits=logits)
             if self.shared_expert is None or self.experts.has_shared_slot:
                 return parts
             out = parts.sum(1)  # a shared expert of its own size (or unmerged) runs as its own MLP

@@ -1,9 +1,11 @@
-"""Paged attention, the PyTorch path: write the step's K/V into cache blocks, then attend per sequence.
+"""Paged attention: write the step's K/V into cache blocks, then attend per sequence (the PyTorch path).
 
 Caches are [num_blocks, block_size, kv_heads, head_dim]; a token at position p of sequence s lives in block
-`block_tables[s][p // block_size]`, row `p % block_size`. Queries attend causally over cached + new tokens,
+`block_tables[s][p // block_size]`, row `p % block_size`. On CUDA one Triton launch writes K and V
+(engine/ops/triton_decode.py); elsewhere two index assignments do. Queries attend causally over cached + new tokens,
 with grouped-query heads, through torch SDPA (flash on CUDA in half precision). A step in which every sequence
-decodes goes through one batched kernel instead (engine/ops/paged_decode.py).
+decodes goes through one batched kernel instead (engine/ops/paged_decode.py), which also applies a gated layer's
+output gate; on the other steps the gate is one elementwise op after attention.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.context import DecodeBatch, StepContext
-from engine.ops.paged_decode import paged_decode
+from engine.ops.paged_decode import gate_output, paged_decode
+
+try:
+    from engine.ops.triton_decode import triton_write_kv
+except ImportError:  # no Triton (CPU-only installs): index assignments serve every device
+    triton_write_kv = None
 
 
 @dataclass
@@ -52,6 +59,9 @@ class PagedMetadata:
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              meta: PagedMetadata) -> None:
     """Store the step's keys and values [tokens, kv_heads, head_dim] at their slots (in the cache's dtype)."""
+    if triton_write_kv is not None and k.is_cuda:
+        triton_write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return
     rows = k_cache.shape[0] * k_cache.shape[1]
     # Index assignment rather than index_copy_: the latter has no CPU kernel for fp8 caches.
     k_cache.view(rows, *k_cache.shape[2:])[meta.slot_mapping] = k.to(k_cache.dtype)
@@ -72,12 +82,14 @@ def _mask(cached: int, new: int, window: int | None, device: torch.device) -> to
 
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: PagedMetadata, scale: float, window: int | None = None,
+    meta: PagedMetadata, scale: float, window: int | None = None, gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [tokens, heads, head_dim], k/v [tokens, kv_heads, head_dim] (already rotated) -> [tokens, heads, head_dim]."""
+    """q [tokens, heads, head_dim], k/v [tokens, kv_heads, head_dim] (already rotated) -> [tokens, heads, head_dim].
+    `gate` [tokens, heads, head_dim] (gated attention): the output is multiplied by sigmoid(gate)."""
     write_kv(k, v, k_cache, v_cache, meta)
     if meta.decode is not None:
-        return paged_decode(q, k_cache, v_cache, meta.decode.block_table, meta.decode.context_lens, scale, window)
+        return paged_decode(q, k_cache, v_cache, meta.decode.block_table, meta.decode.context_lens, scale, window,
+                            gate)
     out = torch.empty_like(q)
     for seq, cached in enumerate(meta.cached_lens):
         start, end = meta.token_offsets[seq], meta.token_offsets[seq + 1]
@@ -100,4 +112,4 @@ def paged_attention(
             scale=scale, enable_gqa=True,
         )
         out[start:end] = attended.squeeze(0).transpose(0, 1)
-    return out
+    return out if gate is None else gate_output(out, gate)

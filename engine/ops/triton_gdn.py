@@ -21,9 +21,12 @@ import torch
 import triton
 import triton.language as tl
 
-# (value columns per GDN program, warps): [key_dim, 32] tiles in 4 warps. On the H200 a whole [key_dim, 128] head in
-# 8 warps was slower in the engine's profile: 70.3 us vs 63.5 us a layer at batch 64, 6.0 vs 3.6 us at batch 1.
-GDN_TILE = (32, 4)
+# (value columns per GDN program, warps), by batch: measured on the H200 (benchmarks/kernel_speed.py, CUDA-graph
+# timed, 2026-12-03): at batch 1 [key_dim, 32] tiles in 4 warps (3.43 us; 64 columns 3.54 us: half the programs, and
+# 64 of them leave most of the card idle), at batch 64 [key_dim, 64] in 4 warps (56.5 us vs 67.4 us with 32 columns;
+# whole 128-column heads in 8 warps 73.7 us). Wide tiles from WIDE_FROM_SEQS sequences, where even they fill the card.
+NARROW_TILE, WIDE_TILE = (32, 4), (64, 4)
+WIDE_FROM_SEQS = 8
 BLOCK_C = 256  # channels per conv program
 COPY_ROWS = 16  # rows scanned at a time when an output goes to a slot's copies
 
@@ -162,14 +165,15 @@ def triton_conv_decode(x: torch.Tensor, weight: torch.Tensor, state: torch.Tenso
 
 def triton_gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                       a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-                      out: torch.Tensor | None = None, tile: tuple[int, int] = GDN_TILE) -> torch.Tensor:
+                      out: torch.Tensor | None = None, tile: tuple[int, int] | None = None) -> torch.Tensor:
     """One token per sequence, any strides: q, k [seqs, key_heads, key_dim]; v [seqs, heads, value_dim]; b, a
     [seqs, heads] or [seqs, key_heads, heads // key_heads]; a_log, dt_bias [heads]; state [num_slots, heads,
     key_dim, value_dim] (any float dtype, float32 math), stepped in place at rows `slots` [seqs] (rows sharing a slot
     must be copies).
     Returns out [seqs, heads, value_dim] in v's dtype (written into `out` if given). `tile` is (value columns per
-    program, warps): benchmarks/kernel_speed.py measures the choices on the card."""
+    program, warps), by default the batch's (see WIDE_FROM_SEQS); benchmarks/kernel_speed.py measures the choices."""
     seqs, key_heads, key_dim = k.shape
+    tile = tile or (WIDE_TILE if seqs >= WIDE_FROM_SEQS else NARROW_TILE)
     heads, value_dim = v.shape[1], v.shape[2]
     group = heads // key_heads
     b, a = (t.unflatten(1, (key_heads, group)) if t.dim() == 2 else t for t in (b, a))

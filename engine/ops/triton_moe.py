@@ -10,10 +10,11 @@ The result is the weighted parts y.view(tokens, slots, hidden), not their sum: t
 range end) sums them in float32 while it reads them, so the sum costs no launch of its own.
 A model's shared expert can ride along as expert E (stacked after the routed experts in the weight tensors, see
 engine/layers/moe.py): one more slot a token, weighted by the sigmoid of its gate, and no kernels of its own.
-For decode-sized batches `routed_experts` starts from the router's logits: routing and align in one launch
-(engine/ops/triton_route.py) instead of route's and align's ~9 small kernels, so a layer is that launch and the two
-GEMMs. Only the experts hit are read, each once per M-block. Accumulation in float32, one cast at each store. Runs
-under TRITON_INTERPRET=1 on CPU tensors too (that is how CI checks it).
+For decode-sized batches `routed_experts` starts from the router's logits, or from x and the router's weight (its
+GEMV then runs inside the routing launch): routing and align in Triton (engine/ops/triton_route.py: one launch for a
+batch of one tile, else two) instead of route's and align's ~9 small kernels, so a layer is the routing launch(es) and
+the two GEMMs. Only the experts hit are read, each once per M-block. Accumulation in float32, one cast at each store.
+Runs under TRITON_INTERPRET=1 on CPU tensors too (that is how CI checks it).
 """
 
 from __future__ import annotations
@@ -203,19 +204,22 @@ def fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tens
     return _aligned_experts(x, sorted_pair_ids, block_expert, weights, gate_up_proj, down_proj, config)
 
 
-def routed_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
-                   gate_up_proj: torch.Tensor, down_proj: torch.Tensor, shared: bool = False,
+def routed_experts(x: torch.Tensor, top_k: int, norm_topk_prob: bool, gate_up_proj: torch.Tensor,
+                   down_proj: torch.Tensor, *, logits: torch.Tensor | None = None,
+                   router_weight: torch.Tensor | None = None, shared: bool = False,
                    block_m: int | None = None) -> torch.Tensor:
-    """fused_experts from the router's logits [tokens, E]: routing and alignment in one launch (triton_route; the
-    caller checks fits_one_launch), then the two kernels; three launches in all. With `shared` the logits are
-    [tokens, E + 1] (the shared gate's last) and the weights hold the shared expert as expert E: the parts are
-    [tokens, top_k + 1, hidden], the last the shared expert's."""
-    tokens, num_experts = router_logits.shape[0], gate_up_proj.shape[0]
+    """fused_experts from the router's `logits` [tokens, E], or from x and `router_weight` [E, hidden] (the logits
+    computed inside the routing launch, no GEMV of their own): routing and alignment in Triton (triton_route; the
+    caller checks fits_routing_kernels, and fits_router_gemv given the weight), then the two kernels. With `shared`
+    the logits are [tokens, E + 1] (the weight [E + 1, hidden]; the shared gate's last) and the weights hold the
+    shared expert as expert E: the parts are [tokens, top_k + 1, hidden], the last the shared expert's."""
+    assert (logits is None) != (router_weight is None), "the logits or the router's weight, not both"
+    tokens, num_experts = x.shape[0], gate_up_proj.shape[0]
     num_pairs = tokens * (top_k + shared)
     config = CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
     num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
-    _, weights, sorted_pair_ids, block_expert, _ = route_and_align(router_logits, top_k, norm_topk_prob,
-                                                                   config.block_m, num_blocks, shared)
+    _, weights, sorted_pair_ids, block_expert, _ = route_and_align(
+        x if logits is None else logits, top_k, norm_topk_prob, config.block_m, num_blocks, shared, router_weight)
     return _aligned_experts(x, sorted_pair_ids, block_expert, weights, gate_up_proj, down_proj, config)
 
 

@@ -1,22 +1,25 @@
-"""MoE routing and alignment in one Triton launch, for decode-sized batches.
+"""MoE routing and alignment in Triton for decode-sized batches, the router's GEMV included where it fits.
 
-Eager, a layer's routing is softmax + torch.topk + renormalise (3 kernels) and `triton_moe.align` a sort, a
-searchsorted, a cumsum and scatters (~6 kernels); at batch 1 each costs its launch, not its bytes. Here one program
-does both for up to MAX_PAIRS (token, slot) pairs, in two passes over the tokens (a tile of tokens at a time):
-  pass 1: softmax in float32 and the top-k of every token, counting the pairs each expert takes; from the counts
-          each expert's run is padded to a multiple of BLOCK_M (its start is the cumsum of the padded runs before it),
-          and the padding slots and the unused tail are written with their sentinels;
-  pass 2: the same top-k again (cheaper than a round trip through memory, which would need barriers), now writing
-          the weights, and each pair to its slot: its expert's start + the pairs of earlier tokens on that expert.
+Eager, a layer's routing is the router GEMV, softmax + torch.topk + renormalise (3 kernels) and `triton_moe.align` a
+sort, a searchsorted, a cumsum and scatters (~6 kernels); at decode each costs its launch, not its bytes. Here:
+  launch 1, one program a tile of BLOCK_T tokens: the tile's logits (read, or computed as x @ W^T with float32
+          accumulation when given the router's weight: each program reads all of it, so small routers only), softmax
+          in float32, top-k, the ids and weights written, and the tile's pairs per expert to a [tiles, E_PAD] scratch;
+  launch 2, one program a tile again: every program sums the scratch (each expert's run padded to a multiple of
+          BLOCK_M starts at the cumsum of the padded runs before it; the tile's pairs on an expert follow those of
+          earlier tiles), rebuilds its tile's picks from the ids and writes each pair to its slot; the padding and the
+          unused tail get their sentinels, shared out between the programs.
+A batch of one tile skips the scratch: launch 1 places its pairs itself, so batch 1 is one launch.
 Every output element is written by exactly one store (block_expert: by every pair of its block, with one value), so no
 barrier is needed. The outputs are exactly `route` + `align`'s: the pairs of an expert in pair order (a stable sort).
 Top-k rule: the largest probabilities, ties broken to the lower expert id (so the ids are torch.topk's set whenever
 the k-th probability is not tied); ids in descending probability. A NaN probability ranks as 0, so the ids stay
 distinct and in range; a row with NaN or infinite logits gets NaN weights, as torch's softmax would.
-With `shared`, the logits carry one more column, the shared expert's gate (the merged router's last row), and every
-token gets one more pair, slot top_k: the shared expert as expert E with weight sigmoid(that logit) in float32. Its
-run (every token, in order) sorts last, so it starts where the routed runs end and needs no count, no column of its
-own in the top-k tiles (E_PAD stays the routed experts'), and the arrays are align's over E + 1 experts.
+With `shared`, the logits carry one more column (the weight one more row), the shared expert's gate (the merged
+router's last row), and every token gets one more pair, slot top_k: the shared expert as expert E with weight
+sigmoid(that logit) in float32. Its run (every token, in order) sorts last, so it starts where the routed runs end and
+needs no count, no column of its own in the top-k tiles (E_PAD stays the routed experts'), and the arrays are align's
+over E + 1 experts. In-kernel logits are float32 sums, not cuBLAS's bf16-rounded ones: top-k may differ on near-ties.
 """
 
 from __future__ import annotations
@@ -25,32 +28,73 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_PAIRS = 1024  # above it route + align take over (their cost grows slower than one program's)
-TILE = 4096  # logits per token tile: BLOCK_T tokens x E_PAD experts, kept in registers
-MAX_TILES = 8  # tiles a pass may loop over; with 512 experts that is 64 tokens
+MAX_TOKENS = 512  # the largest decode graph (engine/graphs.LADDER); beyond, route + align (small beside a prefill)
+MAX_TILE_TOKENS = 16  # small tiles, many programs; also tl.dot's smallest M, so the GEMV tile is always 16
+TILE = 4096  # logits a tile: BLOCK_T tokens x E_PAD experts, kept in registers
+MAX_COUNTS = 16384  # the [tiles, E_PAD] scratch every placing program reads
+ROUTER_ELEMENTS = 128 * 1024  # E_PAD x hidden of a router each tile's program reads whole (Qwen3-Next: 32 x 2048)
 FILL = 1024  # sentinel entries written per step of the tail fill
 
 
-def tokens_per_tile(tokens: int, num_experts: int) -> int:
-    return min(triton.next_power_of_2(tokens), max(1, TILE // triton.next_power_of_2(num_experts)))
+def experts_pad(num_experts: int) -> int:
+    return max(16, triton.next_power_of_2(num_experts))  # a power of two, and tl.dot's smallest N
 
 
-def fits_one_launch(tokens: int, num_experts: int, top_k: int, shared: bool = False) -> bool:
-    """Whether route_and_align serves this shape (else route + align): a cost bound, tunable on the GPU.
-    `num_experts` counts the routed experts; `shared` adds the shared expert's pair to every token's top_k."""
-    if not (tokens >= 1 and top_k <= num_experts <= TILE and tokens * (top_k + shared) <= MAX_PAIRS):
+def tokens_per_tile(tokens: int, num_experts: int, gemv: bool) -> int:
+    if gemv:
+        return MAX_TILE_TOKENS
+    return min(MAX_TILE_TOKENS, triton.next_power_of_2(tokens), max(1, TILE // experts_pad(num_experts)))
+
+
+def fits_routing_kernels(tokens: int, num_experts: int, top_k: int) -> bool:
+    """Whether route_and_align serves this shape (else route + align): decode-sized batches, tunable on the GPU.
+    `num_experts` counts the routed experts (a shared expert's slot adds no tile work)."""
+    if not (1 <= tokens <= MAX_TOKENS and 1 <= top_k <= num_experts <= TILE):
         return False
-    return triton.cdiv(tokens, tokens_per_tile(tokens, num_experts)) <= MAX_TILES
+    tiles = triton.cdiv(tokens, tokens_per_tile(tokens, num_experts, gemv=False))
+    return tiles == 1 or tiles * experts_pad(num_experts) <= MAX_COUNTS
+
+
+def fits_router_gemv(num_experts: int, hidden: int) -> bool:
+    """Whether route_and_align can compute the logits from x and the router's weight: every tile's program reads the
+    whole weight, which must be small (a large router's logits come from one GEMM across the GPU instead)."""
+    e_pad = experts_pad(num_experts)
+    return e_pad * hidden <= ROUTER_ELEMENTS and MAX_TILE_TOKENS * e_pad <= TILE
 
 
 @triton.jit
-def _top_k(logits_ptr, t, t_ok, e, e_ok, kk, stride_lt, stride_le, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
-           K_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
-    """One tile of tokens -> ids and probabilities [BLOCK_T, K_PAD], the experts picked [BLOCK_T, E_PAD] (0/1, rows
-    past the last token zeroed) and whether each row's softmax is finite."""
-    x = tl.load(logits_ptr + t[:, None].to(tl.int64) * stride_lt + e[None, :] * stride_le,
-                mask=t_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
-    x = tl.where(e_ok[None, :], x, float("-inf"))
+def _logits(in_ptr, w_ptr, t, t_ok, e, e_ok, stride_it, stride_ih, stride_we, stride_wh, NUM_EXPERTS: tl.constexpr,
+            SHARED: tl.constexpr, GEMV: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr,
+            BLOCK_T: tl.constexpr, E_PAD: tl.constexpr, PRECISION: tl.constexpr):
+    """A tile's routed logits [BLOCK_T, E_PAD] in float32 (-inf past the experts) and shared logits [BLOCK_T]."""
+    row = t.to(tl.int64) * stride_it
+    rows = row[:, None]
+    shared = tl.zeros([BLOCK_T], tl.float32)
+    if GEMV:  # in_ptr: x [tokens, HIDDEN]; w_ptr: the router's rows [E (+1), HIDDEN]
+        x = tl.zeros([BLOCK_T, E_PAD], tl.float32)
+        for h0 in range(0, HIDDEN, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H)
+            h_ok = h < HIDDEN
+            xs = tl.load(in_ptr + rows + h[None, :] * stride_ih, mask=t_ok[:, None] & h_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + e[None, :] * stride_we + h[:, None] * stride_wh, mask=e_ok[None, :] & h_ok[:, None],
+                        other=0.0)
+            x = tl.dot(xs, w, x, input_precision=PRECISION)
+            if SHARED:
+                w_shared = tl.load(w_ptr + NUM_EXPERTS * stride_we + h * stride_wh, mask=h_ok, other=0.0)
+                shared += tl.sum(xs.to(tl.float32) * w_shared.to(tl.float32)[None, :], 1)
+    else:  # in_ptr: the logits [tokens, E (+1)]
+        x = tl.load(in_ptr + rows + e[None, :] * stride_ih, mask=t_ok[:, None] & e_ok[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if SHARED:
+            shared = tl.load(in_ptr + row + NUM_EXPERTS * stride_ih, mask=t_ok, other=0.0).to(tl.float32)
+    return tl.where(e_ok[None, :], x, float("-inf")), shared
+
+
+@triton.jit
+def _top_k(x, t_ok, e, e_ok, kk, E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+           BLOCK_T: tl.constexpr):
+    """Logits [BLOCK_T, E_PAD] -> ids and probabilities [BLOCK_T, K_PAD], the experts picked [BLOCK_T, E_PAD] (0/1,
+    rows past the last token zeroed) and whether each row's softmax is finite."""
     p = tl.exp(x - tl.max(x, 1)[:, None])
     denom = tl.sum(p, 1)
     p = p / denom[:, None]
@@ -74,102 +118,162 @@ def _top_k(logits_ptr, t, t_ok, e, e_ok, kk, stride_lt, stride_le, E_PAD: tl.con
 
 
 @triton.jit
-def _route_align_kernel(logits_ptr, ids_ptr, weights_ptr, sorted_ptr, block_expert_ptr, used_ptr, tokens, num_blocks,
-                        stride_lt, stride_le, NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
-                        SHARED: tl.constexpr, K_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
-                        NORMALISE: tl.constexpr, FILL: tl.constexpr):
-    e = tl.arange(0, E_PAD)
-    e_ok = e < NUM_EXPERTS
-    kk = tl.arange(0, K_PAD)
-    slots = TOP_K + SHARED  # pairs a token
-    num_pairs = tokens * slots
-    # Pass 1: each routed expert's pair count, then its padded run [start, end).
-    # While loops over tensor counters: Triton's interpreter cannot range() over a runtime bound.
-    counts = tl.zeros([E_PAD], tl.int32)
-    t0 = tl.zeros([], tl.int32)
-    while t0 < tokens:
-        t = t0 + tl.arange(0, BLOCK_T)
-        _, _, picked, _ = _top_k(logits_ptr, t, t < tokens, e, e_ok, kk, stride_lt, stride_le,
-                                 E_PAD, TOP_K, K_PAD, BLOCK_T)
-        counts += tl.sum(picked, 0)
-        t0 += BLOCK_T
+def _runs(counts, program, num_programs, tokens, num_blocks, sorted_ptr, block_expert_ptr, used_ptr,
+          TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr):
+    """From each routed expert's pair count: its run's start, the shared run's start, `used`, and the sentinels (the
+    run tails by program 0, the unused tail by every program, FILL entries in turn)."""
+    num_pairs = tokens * (TOP_K + SHARED)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
     shared_start = tl.sum(padded, 0)  # the shared expert's run follows the routed runs
     filled = shared_start + tokens * SHARED  # the end of the last real pair
     used = shared_start + (tokens * SHARED + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    tl.store(used_ptr, used.to(used_ptr.dtype.element_ty))
-    # Sentinels: each routed run's tail after its pairs (fewer than BLOCK_M slots), then everything after the last pair.
-    tail = (starts + counts)[:, None] + tl.arange(0, BLOCK_M)[None, :]
-    tl.store(sorted_ptr + tail, tl.zeros([E_PAD, BLOCK_M], tl.int32) + num_pairs, mask=tail < ends[:, None])
-    f0 = tl.zeros([], tl.int32)
+    first = program == 0
+    tl.store(used_ptr, used.to(used_ptr.dtype.element_ty), mask=first)
+    tail = (starts + counts)[:, None] + tl.arange(0, BLOCK_M)[None, :]  # each routed run after its pairs
+    tl.store(sorted_ptr + tail, tail * 0 + num_pairs, mask=(tail < ends[:, None]) & first)
+    # While loops over tensor counters: Triton's interpreter cannot range() over a runtime bound.
+    f0 = tl.zeros([], tl.int32) + program * FILL
     while f0 < num_blocks * BLOCK_M:
         s = f0 + tl.arange(0, FILL)
-        tl.store(sorted_ptr + s, tl.zeros([FILL], tl.int32) + num_pairs,
-                 mask=(s >= filled) & (s < num_blocks * BLOCK_M))
-        f0 += FILL
-    f0 = tl.zeros([], tl.int32)
-    while f0 < num_blocks:
-        b = f0 + tl.arange(0, FILL)
-        tl.store(block_expert_ptr + b, tl.full([FILL], -1, tl.int32), mask=(b * BLOCK_M >= used) & (b < num_blocks))
-        f0 += FILL
-    # Pass 2: ids, weights and every pair's slot.
-    taken = starts  # per expert, the next free slot of its run
-    t0 = tl.zeros([], tl.int32)
-    while t0 < tokens:
-        t = t0 + tl.arange(0, BLOCK_T)
-        t_ok = t < tokens
-        ids, probs, picked, finite = _top_k(logits_ptr, t, t_ok, e, e_ok, kk, stride_lt, stride_le,
-                                            E_PAD, TOP_K, K_PAD, BLOCK_T)
-        if NORMALISE:
-            probs = probs / tl.sum(probs, 1)[:, None]  # the padding slots hold 0
-        probs = tl.where(finite[:, None], probs, float("nan"))
-        if SHARED:  # slot TOP_K: the shared expert, weighted by the sigmoid of its gate's logit (the last column)
-            shared_logit = tl.load(logits_ptr + t.to(tl.int64) * stride_lt + NUM_EXPERTS * stride_le, mask=t_ok,
-                                   other=0.0).to(tl.float32)
-            probs = tl.where(kk[None, :] == TOP_K, tl.sigmoid(shared_logit)[:, None], probs)
-            ids = tl.where(kk[None, :] == TOP_K, NUM_EXPERTS, ids)
-            tl.store(sorted_ptr + shared_start + t, t * slots + TOP_K, mask=t_ok)
-            tl.store(block_expert_ptr + (shared_start + t) // BLOCK_M, tl.full([BLOCK_T], NUM_EXPERTS, tl.int32),
-                     mask=t_ok)
-        pairs = t[:, None] * slots + kk[None, :]
-        pair_ok = t_ok[:, None] & (kk[None, :] < slots)
-        tl.store(ids_ptr + pairs, ids, mask=pair_ok)
-        tl.store(weights_ptr + pairs, probs.to(weights_ptr.dtype.element_ty), mask=pair_ok)
-        # A token's experts are distinct, so its pair's rank on an expert is the count of earlier tokens on it.
-        slot = taken[None, :] + tl.cumsum(picked, 0) - picked
-        for k in tl.static_range(TOP_K):
-            expert = tl.sum(tl.where(kk[None, :] == k, ids, 0), 1)
-            dest = tl.sum(tl.where(e[None, :] == expert[:, None], slot, 0), 1)
-            tl.store(sorted_ptr + dest, t * slots + k, mask=t_ok)
-            tl.store(block_expert_ptr + dest // BLOCK_M, expert, mask=t_ok)
-        taken += tl.sum(picked, 0)
-        t0 += BLOCK_T
+        tl.store(sorted_ptr + s, s * 0 + num_pairs, mask=(s >= filled) & (s < num_blocks * BLOCK_M))
+        tl.store(block_expert_ptr + s, tl.full([FILL], -1, tl.int32), mask=(s * BLOCK_M >= used) & (s < num_blocks))
+        f0 += num_programs * FILL
+    return starts, shared_start
 
 
-def route_and_align(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool, block_m: int, num_blocks: int,
-                    shared: bool = False
+@triton.jit
+def _place(ids, picked, t, t_ok, e, kk, run_offsets, shared_start, sorted_ptr, block_expert_ptr,
+           NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Each pair of a tile to its slot: its expert's run offset for this tile + the tile's earlier tokens on it (a
+    token's experts are distinct, so that count is the pair's rank)."""
+    slots = TOP_K + SHARED
+    slot = run_offsets[None, :] + tl.cumsum(picked, 0) - picked
+    for k in tl.static_range(TOP_K):
+        expert = tl.sum(tl.where(kk[None, :] == k, ids, 0), 1)
+        dest = tl.sum(tl.where(e[None, :] == expert[:, None], slot, 0), 1)
+        tl.store(sorted_ptr + dest, t * slots + k, mask=t_ok)
+        tl.store(block_expert_ptr + dest // BLOCK_M, expert, mask=t_ok)
+    if SHARED:
+        tl.store(sorted_ptr + shared_start + t, t * slots + TOP_K, mask=t_ok)
+        tl.store(block_expert_ptr + (shared_start + t) // BLOCK_M, t * 0 + NUM_EXPERTS, mask=t_ok)
+
+
+@triton.jit
+def _route_kernel(in_ptr, w_ptr, ids_ptr, weights_ptr, counts_ptr, sorted_ptr, block_expert_ptr, used_ptr, tokens,
+                  num_blocks, stride_it, stride_ih, stride_we, stride_wh, NUM_EXPERTS: tl.constexpr,
+                  E_PAD: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr, K_PAD: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, NORMALISE: tl.constexpr, GEMV: tl.constexpr,
+                  HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, PLACE: tl.constexpr,
+                  FILL: tl.constexpr):
+    tile = tl.program_id(0)
+    e = tl.arange(0, E_PAD)
+    e_ok = e < NUM_EXPERTS
+    kk = tl.arange(0, K_PAD)
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < tokens
+    x, shared_logit = _logits(in_ptr, w_ptr, t, t_ok, e, e_ok, stride_it, stride_ih, stride_we, stride_wh,
+                              NUM_EXPERTS, SHARED, GEMV, HIDDEN, BLOCK_H, BLOCK_T, E_PAD, PRECISION)
+    ids, probs, picked, finite = _top_k(x, t_ok, e, e_ok, kk, E_PAD, TOP_K, K_PAD, BLOCK_T)
+    if NORMALISE:
+        probs = probs / tl.sum(probs, 1)[:, None]  # the padding slots hold 0
+    probs = tl.where(finite[:, None], probs, float("nan"))
+    if SHARED:  # slot TOP_K: the shared expert, weighted by the sigmoid of its gate's logit
+        probs = tl.where(kk[None, :] == TOP_K, tl.sigmoid(shared_logit)[:, None], probs)
+        ids = tl.where(kk[None, :] == TOP_K, NUM_EXPERTS, ids)
+    slots = TOP_K + SHARED
+    pairs = t[:, None] * slots + kk[None, :]
+    pair_ok = t_ok[:, None] & (kk[None, :] < slots)
+    tl.store(ids_ptr + pairs, ids, mask=pair_ok)
+    tl.store(weights_ptr + pairs, probs.to(weights_ptr.dtype.element_ty), mask=pair_ok)
+    counts = tl.sum(picked, 0)
+    if PLACE:  # the only tile: its counts are every expert's
+        starts, shared_start = _runs(counts, tile, 1, tokens, num_blocks, sorted_ptr, block_expert_ptr, used_ptr,
+                                     TOP_K, SHARED, BLOCK_M, FILL)
+        _place(ids, picked, t, t_ok, e, kk, starts, shared_start, sorted_ptr, block_expert_ptr,
+               NUM_EXPERTS, TOP_K, SHARED, BLOCK_M)
+    else:
+        tl.store(counts_ptr + tile * E_PAD + e, counts)
+
+
+@triton.jit
+def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, used_ptr, tokens, num_tiles, num_blocks,
+                  NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr,
+                  K_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+                  FILL: tl.constexpr):
+    tile = tl.program_id(0)
+    e = tl.arange(0, E_PAD)
+    kk = tl.arange(0, K_PAD)
+    # Every expert's count, and the pairs earlier tiles put on it, CHUNK tiles' rows at a time.
+    counts = tl.zeros([E_PAD], tl.int32)
+    before = tl.zeros([E_PAD], tl.int32)
+    c0 = tl.zeros([], tl.int32)
+    while c0 < num_tiles:
+        c = c0 + tl.arange(0, CHUNK)
+        rows = tl.load(counts_ptr + c[:, None] * E_PAD + e[None, :], mask=(c < num_tiles)[:, None], other=0)
+        counts += tl.sum(rows, 0)
+        before += tl.sum(tl.where((c < tile)[:, None], rows, 0), 0)
+        c0 += CHUNK
+    starts, shared_start = _runs(counts, tile, num_tiles, tokens, num_blocks, sorted_ptr, block_expert_ptr, used_ptr,
+                                 TOP_K, SHARED, BLOCK_M, FILL)
+    # The tile's picks again, from the ids launch 1 wrote (-1 past the last token: picks nothing).
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < tokens
+    ids = tl.load(ids_ptr + t[:, None] * (TOP_K + SHARED) + kk[None, :], mask=t_ok[:, None] & (kk[None, :] < TOP_K),
+                  other=-1)
+    picked = tl.zeros([BLOCK_T, E_PAD], tl.int32)
+    for k in tl.static_range(TOP_K):
+        expert = tl.sum(tl.where(kk[None, :] == k, ids, 0), 1)
+        picked += (e[None, :] == expert[:, None]).to(tl.int32)
+    _place(ids, picked, t, t_ok, e, kk, starts + before, shared_start, sorted_ptr, block_expert_ptr,
+           NUM_EXPERTS, TOP_K, SHARED, BLOCK_M)
+
+
+def route_and_align(router_input: torch.Tensor, top_k: int, norm_topk_prob: bool, block_m: int, num_blocks: int,
+                    shared: bool = False, router_weight: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """router_logits [tokens, E] (any strides) -> expert_ids [tokens, top_k] int32, weights [tokens, top_k] in the
-    logits' dtype (route's values), then sorted_pair_ids, block_expert and used exactly as `align` makes them.
-    With `shared` the logits are [tokens, E + 1], the last column the shared gate's, and ids and weights gain slot
-    top_k: expert E, weight sigmoid(shared logit); the arrays are then align's over E + 1 experts.
-    One launch, no host synchronisation, sizes fixed by the shape; the caller checks fits_one_launch first."""
-    tokens, num_experts = router_logits.shape[0], router_logits.shape[1] - shared
-    assert fits_one_launch(tokens, num_experts, top_k, shared), (tokens, num_experts, top_k, shared)
-    device = router_logits.device
+    """The router's logits [tokens, E] (any strides), or with `router_weight` [E, hidden] the hidden states x
+    [tokens, hidden] it multiplies (the logits x @ router_weight^T computed in the kernel, float32 accumulation)
+    -> expert_ids [tokens, top_k] int32, weights [tokens, top_k] in the input's dtype (route's values), then
+    sorted_pair_ids, block_expert and used exactly as `align` makes them.
+    With `shared` the logits are [tokens, E + 1] (the weight [E + 1, hidden]), the last the shared gate's, and ids and
+    weights gain slot top_k: expert E, weight sigmoid(shared logit); the arrays are then align's over E + 1 experts.
+    One launch for a batch of one tile, else two; no host synchronisation, sizes fixed by the shape. The caller checks
+    fits_routing_kernels (and, given the weight, fits_router_gemv) first."""
+    gemv = router_weight is not None
+    tokens = router_input.shape[0]
+    num_experts = (router_weight if gemv else router_input.T).shape[0] - shared
+    hidden = router_input.shape[1] if gemv else 0
+    assert fits_routing_kernels(tokens, num_experts, top_k), (tokens, num_experts, top_k)
+    assert not gemv or (fits_router_gemv(num_experts, hidden) and router_weight.shape[1] == hidden
+                        and router_weight.dtype == router_input.dtype), (router_input.shape, router_weight.shape)
+    device = router_input.device
     slots = top_k + shared
+    e_pad = experts_pad(num_experts)
+    block_t = tokens_per_tile(tokens, num_experts, gemv)
+    num_tiles = triton.cdiv(tokens, block_t)
+    block_h = max(16, min(256, triton.next_power_of_2(max(hidden, 1)), 8192 // e_pad))  # weight steps <= 8192 elements
     expert_ids = torch.empty((tokens, slots), dtype=torch.int32, device=device)
-    weights = torch.empty((tokens, slots), dtype=router_logits.dtype, device=device)
+    weights = torch.empty((tokens, slots), dtype=router_input.dtype, device=device)
+    counts = torch.empty((num_tiles, e_pad), dtype=torch.int32, device=device)
     sorted_pair_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
     used = torch.empty(1, dtype=torch.int64, device=device)
-    _route_align_kernel[(1,)](
-        router_logits, expert_ids, weights, sorted_pair_ids, block_expert, used, tokens, num_blocks,
-        router_logits.stride(0), router_logits.stride(1), NUM_EXPERTS=num_experts,
-        E_PAD=triton.next_power_of_2(num_experts), TOP_K=top_k, SHARED=int(shared),
-        K_PAD=triton.next_power_of_2(slots), BLOCK_T=tokens_per_tile(tokens, num_experts), BLOCK_M=block_m,
-        NORMALISE=norm_topk_prob, FILL=FILL, num_warps=8,
+    weight = router_weight if gemv else router_input  # not read without the GEMV: any tensor serves as the pointer
+    _route_kernel[(num_tiles,)](
+        router_input, weight, expert_ids, weights, counts, sorted_pair_ids, block_expert, used, tokens, num_blocks,
+        router_input.stride(0), router_input.stride(1), weight.stride(0), weight.stride(1), NUM_EXPERTS=num_experts,
+        E_PAD=e_pad, TOP_K=top_k, SHARED=int(shared), K_PAD=triton.next_power_of_2(slots), BLOCK_T=block_t,
+        BLOCK_M=block_m, NORMALISE=norm_topk_prob, GEMV=gemv, HIDDEN=hidden, BLOCK_H=block_h,
+        PRECISION="ieee" if router_input.dtype == torch.float32 else None,  # fp32 (the interpreter): no tf32
+        PLACE=num_tiles == 1, FILL=FILL, num_warps=4, num_stages=4,  # the GEMV streams the weight: 3 steps in flight
     )
+    if num_tiles > 1:
+        _place_kernel[(num_tiles,)](
+            expert_ids, counts, sorted_pair_ids, block_expert, used, tokens, num_tiles, num_blocks,
+            NUM_EXPERTS=num_experts, E_PAD=e_pad, TOP_K=top_k, SHARED=int(shared),
+            K_PAD=triton.next_power_of_2(slots), BLOCK_T=block_t, BLOCK_M=block_m,
+            CHUNK=max(1, min(triton.next_power_of_2(num_tiles), TILE // e_pad)), FILL=FILL, num_warps=4,
+        )
     return expert_ids, weights, sorted_pair_ids, block_expert, used

@@ -191,12 +191,12 @@ def test_the_model_in_bf16_on_the_gpu_stays_near_the_fp32_reference(case, refere
 
 @cuda
 def test_fused_pieces_give_their_eager_values_on_the_gpu(monkeypatch, caplog):
-    from engine.layers.attention import gate_output
     from engine.layers.gated_deltanet import gdn_gates
     from engine.layers.moe import gate_shared, route, silu_mul
     from engine.layers.norm import gated_rms_norm, rms_norm
     from engine.layers.rotary import apply_rotary
     from engine.ops.conv import conv_decode
+    from engine.ops.paged_decode import gate_output
 
     g = torch.Generator(device="cuda").manual_seed(0)
 

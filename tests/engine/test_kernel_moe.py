@@ -304,11 +304,14 @@ def test_fused_experts_on_the_gpu():
             ref = experts.looped(x, ids, weights)
             gpu = experts.to("cuda", torch.bfloat16)
             args = x.cuda().bfloat16(), ids.cuda(), weights.cuda().bfloat16()
-            outs = [gpu(*args)]  # the grouped matmuls (no Triton in them)
-            outs += [fused_experts(*args, gpu.gate_up_proj, gpu.down_proj, m).float().sum(1) for m in (16, 32, 64)]
-            for out in outs:
+            # The grouped matmuls (no Triton in them) round in bf16 after each op and sum the top-k parts in bf16
+            # (index_add_): twice the kernels' tolerance (seen on the H200: 1.01e-2 at 32 experts, 8 tokens).
+            outs = [("grouped", gpu(*args), 2 * BF16)]
+            outs += [(f"triton block_m {m}", fused_experts(*args, gpu.gate_up_proj, gpu.down_proj, m).float().sum(1),
+                      BF16) for m in (16, 32, 64)]
+            for path, out, tolerance in outs:
                 assert torch.isfinite(out).all()
-                assert relative_error(out.float().cpu(), ref) <= BF16, (num_experts, tokens)
+                assert relative_error(out.float().cpu(), ref) <= tolerance, (path, num_experts, tokens)
 
 
 @cuda

@@ -1,13 +1,18 @@
-"""Routing and alignment in one launch (engine/ops/triton_route.py) and the MoE layer that uses it.
+"""The routing kernels (engine/ops/triton_route.py), the router's GEMV inside them, and the MoE layer that uses them.
 
-CPU, under Triton's interpreter: the kernel against `route` + `align` (the same experts a token, the same weights,
-and exactly align's arrays, so align's invariants hold), with and without the shared expert's slot; its tie rule; the
-whole layer on the new routing (its parts summed) against the float64 expert loop. Outputs come from torch.empty
-filled with NaN / the largest integer (torch's fill_uninitialized_memory), so an unwritten element fails. CUDA (the
-lead's H200): bf16 at Qwen3-Next's sizes, the layer against fp32, the layer inside a CUDA graph, and its kernel count.
+CPU, under Triton's interpreter: the kernels against `route` + `align` (the same experts a token, the same weights,
+and exactly align's arrays, so align's invariants hold), from logits and from x and the router's weight (against route
++ align of x @ W^T in float32: dyadic values make those logits exact in any summation order, so no near-tie can flip),
+with and without the shared expert's slot, in one launch (one tile of tokens) and in two; the tie rule; NaN rows; the
+whole layer on each path (its parts summed) against the float64 expert loop, with no router GEMV when the kernel
+computes the logits. Outputs come from torch.empty filled with NaN / the largest integer (torch's
+fill_uninitialized_memory), so an unwritten element fails. The CPU runs float32 only (Triton 3.6's interpreter
+multiplies bf16 tl.dot operands as raw bits). CUDA (the lead's H200): bf16 at the real models' sizes, the layer
+against fp32, the layer inside a CUDA graph, and its kernel count.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -28,16 +33,33 @@ def poison_empty() -> None:
     torch.utils.deterministic.fill_uninitialized_memory = True
 
 
-def compare(logits: torch.Tensor, top_k: int, norm: bool, block_m: int, shared: bool = False) -> list[float]:
+def exact_router(tokens: int, hidden: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [tokens, hidden] and a router weight [rows, hidden] (rows <= 65) whose logits are exact in float32 (and in
+    bf16 inputs) in any summation order and distinct a token: the products lie on a grid of 2^-(6 + shift), and
+    feature 0 adds expert e's e / 64 of a grid step. `shift` keeps the logits' spread near hidden 64's."""
+    g = torch.Generator().manual_seed(seed)
+    shift = max(0, round(math.log2(hidden / 64) / 2))
+    x = torch.randint(-4, 5, (tokens, hidden), generator=g) / 4
+    weight = torch.randint(-8, 9, (rows, hidden), generator=g) / 2 ** (4 + shift)
+    x[:, 0] = 1
+    weight[:, 0] = torch.arange(rows) / 2 ** (12 + shift)
+    return x, weight
+
+
+def compare(source: torch.Tensor, top_k: int, norm: bool, block_m: int, shared: bool = False,
+            weight: torch.Tensor | None = None) -> list[float]:
     """[ids differ, weight error, aligned arrays differ] of route_and_align against route + align (with `shared`,
-    the logits' last column is the shared gate's: against route + with_shared_slot + align over E + 1 experts)."""
+    the logits' last column is the shared gate's: against route + with_shared_slot + align over E + 1 experts).
+    `source` is the logits, or with `weight` the x the kernel multiplies by it (the reference: x @ weight^T, fp32)."""
     from engine.layers.moe import route, with_shared_slot
     from engine.ops.triton_moe import align, num_blocks_for
     from engine.ops.triton_route import route_and_align
 
+    logits = source if weight is None else source.float() @ weight.float().T
     tokens, num_experts = logits.shape[0], logits.shape[1] - shared
     num_blocks = num_blocks_for(tokens * (top_k + shared), num_experts + shared, block_m)
-    ids, weights, sorted_ids, block_expert, used = route_and_align(logits, top_k, norm, block_m, num_blocks, shared)
+    ids, weights, sorted_ids, block_expert, used = route_and_align(source, top_k, norm, block_m, num_blocks, shared,
+                                                                   router_weight=weight)
     ref_ids, ref_weights = route(logits[:, :num_experts], top_k, norm)
     if shared:
         ref_ids, ref_weights = with_shared_slot(ref_ids, ref_weights, logits[:, num_experts:], num_experts)
@@ -45,7 +67,7 @@ def compare(logits: torch.Tensor, top_k: int, norm: bool, block_m: int, shared: 
     # Ids are a set per token: compare them, and the weights, in id order.
     ids_sorted, order = ids.long().sort(-1)
     ref_sorted, ref_order = ref_ids.sort(-1)
-    weight_error = float((weights.gather(1, order) - ref_weights.gather(1, ref_order)).abs().max())
+    weight_error = float((weights.gather(1, order).float() - ref_weights.gather(1, ref_order).float()).abs().max())
     # align of the kernel's own ids (slot order matters to the pair numbers): every array must be align's.
     aligned = align(ids, num_experts + shared, block_m, num_blocks)
     same = all(torch.equal(a, b) for a, b in zip((sorted_ids, block_expert, used), aligned, strict=True))
@@ -64,53 +86,123 @@ def kernel_results() -> list[float]:
                 block_m = (16, 32, 64)[(tokens + num_experts) % 3]
                 results += compare(logits[:, :num_experts], top_k, norm, block_m)  # a strided view
                 results += compare(logits, top_k, norm, block_m, shared=True)
-    # Sizes that are not powers of two: padded experts and slots; several token tiles (128 experts: 32 a tile).
+    # Sizes that are not powers of two: padded experts and slots; many token tiles (7, 19; with 512 experts 13 tiles
+    # of 8, summed 8 tiles' counts at a time), sentinel fills that take several rounds of every program.
     g = torch.Generator().manual_seed(7)
     results += compare(torch.randn(5, 48, generator=g), 10, True, 16)
     results += compare(torch.randn(100, 128, generator=g) * 3, 10, False, 32)
     results += compare(torch.randn(100, 129, generator=g) * 3, 7, False, 16, shared=True)  # top_k + 1 a power of 2
+    results += compare(torch.randn(300, 33, generator=g), 8, True, 64, shared=True)
+    results += compare(torch.randn(100, 513, generator=g) * 3, 10, True, 16, shared=True)
     return results
 
 
 def test_route_and_align_give_route_and_aligns_values_in_the_interpreter():
     results = run_interpreted("from test_kernel_route import kernel_results\nprint(*kernel_results(), sep='\\n')")
     ids_differ, weight_errors, arrays_differ = results[0::3], results[1::3], results[2::3]
-    assert len(ids_differ) == 51
-    assert ids_differ == [0.0] * 51 and arrays_differ == [0.0] * 51
+    assert len(ids_differ) == 53
+    assert ids_differ == [0.0] * 53 and arrays_differ == [0.0] * 53
+    assert max(weight_errors) <= 1e-6
+
+
+def gemv_results() -> list[float]:
+    """The kernel computing the logits from x and the weight: one tile (<= 16 tokens) and several, hidden sizes that
+    are not a multiple of the kernel's step, the routed rows of a merged weight, strided x and weight."""
+    poison_empty()
+    results = []
+    for tokens, num_experts, top_k, hidden, block_m in ((1, 32, 8, 64, 16), (5, 8, 2, 80, 32), (16, 32, 8, 600, 16),
+                                                        (17, 64, 8, 64, 64), (64, 32, 8, 256, 32),
+                                                        (200, 16, 4, 48, 16)):
+        x, weight = exact_router(tokens, 2 * hidden, num_experts + 1, seed=tokens)
+        x, weight = x[:, ::2], weight[:, ::2]  # strided: the kernel takes strides (feature 0 still leads)
+        norm = bool(tokens % 2)
+        results += compare(x, top_k, norm, block_m, shared=True, weight=weight)
+        results += compare(x, top_k, norm, block_m, weight=weight[:num_experts].t().contiguous().t())
+    return results
+
+
+def test_the_router_gemv_inside_the_routing_kernels_gives_route_and_aligns_values_in_the_interpreter():
+    results = run_interpreted("from test_kernel_route import gemv_results\nprint(*gemv_results(), sep='\\n')")
+    ids_differ, weight_errors, arrays_differ = results[0::3], results[1::3], results[2::3]
+    assert len(ids_differ) == 12
+    assert ids_differ == [0.0] * 12 and arrays_differ == [0.0] * 12
     assert max(weight_errors) <= 1e-6
 
 
 def tie_results() -> list[float]:
-    """Logits from few values (many ties): ids must be the lowest-id top-k, in descending order."""
+    """Logits from few values (many ties): ids must be the lowest-id top-k, in descending order; from logits in one
+    tile, then across 3 tiles, then computed from x and a weight whose rows repeat (exact ties among their logits)."""
     from engine.ops.triton_moe import num_blocks_for
     from engine.ops.triton_route import route_and_align
 
     poison_empty()
     g = torch.Generator().manual_seed(3)
-    logits = torch.randint(0, 3, (9, 32), generator=g).float()
-    logits[0] = 1.0  # every expert tied
-    probs = torch.softmax(logits, -1)
-    want = probs.sort(dim=-1, descending=True, stable=True).indices[:, :6]  # stable: lower id first among equals
-    ids, weights, *_ = route_and_align(logits, 6, False, 16, num_blocks_for(54, 32, 16))
-    return [float(not torch.equal(ids.long(), want)), float((weights - probs.gather(1, want)).abs().max())]
+    x, distinct = exact_router(40, 64, 3, seed=3)
+    weight = distinct[torch.randint(0, 3, (32,), generator=g)]  # three logit values a token
+    cases = [(torch.randint(0, 3, (9, 32), generator=g).float(), None),
+             (torch.randint(0, 3, (40, 32), generator=g).float(), None), (x, weight)]
+    cases[0][0][0] = 1.0  # every expert tied
+    results = []
+    for source, router_weight in cases:
+        logits = source if router_weight is None else source @ router_weight.T
+        probs = torch.softmax(logits, -1)
+        want = probs.sort(dim=-1, descending=True, stable=True).indices[:, :6]  # stable: lower id first among equals
+        tokens = logits.shape[0]
+        ids, weights, *_ = route_and_align(source, 6, False, 16, num_blocks_for(tokens * 6, 32, 16),
+                                           router_weight=router_weight)
+        results += [float(not torch.equal(ids.long(), want)), float((weights - probs.gather(1, want)).abs().max())]
+    return results
 
 
 def test_ties_go_to_the_lower_expert_id_in_the_interpreter():
-    ids_differ, weight_error = run_interpreted("from test_kernel_route import tie_results\n"
-                                               "print(*tie_results(), sep='\\n')")
-    assert ids_differ == 0.0 and weight_error <= 1e-7
+    results = run_interpreted("from test_kernel_route import tie_results\nprint(*tie_results(), sep='\\n')")
+    assert len(results) == 6
+    assert results[0::2] == [0.0] * 3 and max(results[1::2]) <= 1e-6
 
 
-def test_the_bound_picks_decode_sized_batches():
-    from engine.ops.triton_route import fits_one_launch
+def nan_results() -> list[float]:
+    """A token with a NaN feature (x and a weight) or a NaN logit, among 20: its routed weights are NaN, its ids
+    distinct experts, every array is still align's of the ids, and the other tokens route as without it."""
+    from engine.ops.triton_moe import align, num_blocks_for
+    from engine.ops.triton_route import route_and_align
 
-    assert fits_one_launch(1, 512, 10) and fits_one_launch(64, 512, 10) and fits_one_launch(128, 32, 8)
-    assert not fits_one_launch(65, 512, 10)  # more token tiles than one program should loop over
-    assert not fits_one_launch(129, 32, 8)  # more pairs than MAX_PAIRS
-    assert not fits_one_launch(0, 32, 8) and not fits_one_launch(4, 8, 9)
-    # The shared expert's slot is one more pair a token, not one more expert to tile.
-    assert fits_one_launch(93, 32, 10, shared=True) and not fits_one_launch(94, 32, 10, shared=True)
-    assert fits_one_launch(94, 32, 10) and fits_one_launch(8, 4096, 10, shared=True)  # E + 1 > TILE: not tiled
+    poison_empty()
+    x, weight = exact_router(20, 64, 17, seed=5)
+    logits = x @ weight.T
+    x[3, 7] = float("nan")
+    logits[3, 2] = float("nan")
+    results = []
+    for source, router_weight in ((x, weight), (logits, None)):
+        num_blocks = num_blocks_for(20 * 5, 17, 16)
+        ids, weights, *arrays = route_and_align(source, 4, True, 16, num_blocks, True, router_weight=router_weight)
+        rest = torch.arange(20) != 3
+        ref_ids, ref_weights, *_ = route_and_align(source[rest], 4, True, 16, num_blocks_for(19 * 5, 17, 16), True,
+                                                   router_weight=router_weight)
+        results += [float(weights[3, :4].isnan().all()), float(ids[3, :4].unique().numel() == 4),
+                    float(bool((ids[3] >= 0).all() and (ids[3] <= 16).all())),
+                    float(all(torch.equal(a, b) for a, b in zip(arrays, align(ids, 17, 16, num_blocks), strict=True))),
+                    float(torch.equal(ids[rest], ref_ids) and torch.equal(weights[rest], ref_weights))]
+    return results
+
+
+def test_a_nan_row_gets_nan_weights_and_distinct_ids_in_the_interpreter():
+    results = run_interpreted("from test_kernel_route import nan_results\nprint(*nan_results(), sep='\\n')")
+    assert results == [1.0] * 10
+
+
+def test_the_bounds_pick_decode_sized_batches_and_small_routers():
+    from engine.ops.triton_route import fits_router_gemv, fits_routing_kernels
+
+    assert fits_routing_kernels(1, 32, 8) and fits_routing_kernels(512, 32, 8)  # every decode graph (LADDER's top)
+    assert not fits_routing_kernels(513, 32, 8)  # a prefill: route + align
+    assert fits_routing_kernels(1, 512, 10) and fits_routing_kernels(256, 512, 10)  # 32 tiles of 8 x 512 counts
+    assert not fits_routing_kernels(257, 512, 10)  # more counts than each placing program should sum
+    assert not fits_routing_kernels(0, 32, 8) and not fits_routing_kernels(4, 8, 9)
+    assert fits_routing_kernels(4, 4096, 10) and not fits_routing_kernels(5, 4096, 10)  # tiles of one token
+    assert not fits_routing_kernels(1, 4097, 10)
+    # The GEMV inside: Qwen3-Next's router (32 experts, the shared gate's row aside) at hidden 2048, not 512 experts.
+    assert fits_router_gemv(32, 2048) and fits_router_gemv(64, 2048) and not fits_router_gemv(65, 2048)
+    assert not fits_router_gemv(512, 2048) and not fits_router_gemv(512, 64)  # 16 x 512 logits: more than a tile
 
 
 def moe_layer(num_experts: int, top_k: int, norm: bool, shared: int, hidden: int = 64, seed: int = 0) -> SparseMoE:
@@ -122,40 +214,60 @@ def moe_layer(num_experts: int, top_k: int, norm: bool, shared: int, hidden: int
 
 
 def layer_errors() -> list[float]:
-    """The layer on the Triton path (forced on for fp32 CPU) against its float64 expert loop: routing in one launch,
-    and once (400 tokens) route + align; a shared expert of the experts' width (32) runs as slot E. Parts summed."""
+    """The layer on the Triton path (forced on for fp32 CPU) against its float64 expert loop, parts summed: the logits
+    computed inside the routing kernels (a merged layer whose shared expert of the experts' width, 32, is slot E; a
+    layer without a shared expert), from F.linear into them (a shared expert of its own width, 48; an unmerged layer;
+    512 experts, too many for the GEMV inside) and once (600 tokens) route + align. Then the F.linear calls of each
+    forward: none when the kernel computes the logits."""
     from engine.layers.moe import Experts
 
     poison_empty()
     Experts.runs_triton = lambda self, x: x.dtype == torch.float32  # the interpreter serves fp32 CPU tensors
-    results = []
-    for tokens, num_experts, top_k, norm, shared in ((1, 8, 2, True, 48), (5, 32, 8, False, 0), (37, 8, 2, True, 0),
-                                                     (64, 128, 8, True, 48), (1, 8, 2, True, 32),
-                                                     (64, 128, 8, False, 32), (400, 8, 2, True, 32)):
+    linear = torch.nn.functional.linear
+    calls = [0]
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return linear(*args, **kwargs)
+
+    results, linear_calls = [], []
+    for tokens, num_experts, top_k, norm, shared, merged in (
+            (1, 8, 2, True, 32, True), (37, 8, 2, True, 32, True), (64, 32, 8, False, 32, True),
+            (5, 32, 8, False, 0, True), (1, 8, 2, True, 48, True), (64, 128, 8, True, 48, True),
+            (5, 8, 2, True, 32, False), (9, 512, 10, True, 32, True), (600, 8, 2, True, 32, True)):
         moe = moe_layer(num_experts, top_k, norm, shared, seed=tokens)
         double = copy.deepcopy(moe).double()
-        moe.merge_projections()  # the router's logits as a strided view of the merged GEMV's
+        if merged:
+            moe.merge_projections()  # the router's logits as a strided view of the merged GEMV's
         x = torch.randn(tokens, 64)
-        assert moe.experts.routes_in_one_launch(x, top_k) == (tokens < 400)
+        in_kernel = (shared == 32 and merged or not shared) and num_experts <= 64 and tokens <= 512
+        assert (moe.kernel_router(x) is not None) == in_kernel
+        assert moe.experts.routes_in_kernels(x, top_k) == (tokens <= 512)
         with torch.no_grad():
+            torch.nn.functional.linear, calls[0] = counted, 0
             ours = moe(x)
+            torch.nn.functional.linear = linear
+            if in_kernel:
+                linear_calls.append(float(calls[0]))
             ref = double(x.double())
-        slots = top_k + (shared == 32)
-        if shared == 48:  # a shared expert of its own width runs as its own MLP: the layer sums
+        slots = top_k + (shared == 32 and merged)
+        if shared == 48 or not merged and shared:  # a shared expert that is not a slot runs as its own MLP
             assert ours.shape == x.shape
         else:
             assert ours.shape == (tokens, slots, 64)
             ours = ours.double().sum(1)
         results.append(float((ours.double() - ref).norm() / ref.norm()))
-    return results
+    return results + linear_calls
 
 
 def test_the_layer_on_the_triton_path_matches_the_expert_loop_in_the_interpreter():
-    errors = run_interpreted("from test_kernel_route import layer_errors\nprint(*layer_errors(), sep='\\n')")
-    assert len(errors) == 7 and max(errors) <= FP32
+    results = run_interpreted("from test_kernel_route import layer_errors\nprint(*layer_errors(), sep='\\n')")
+    errors, linear_calls = results[:9], results[9:]
+    assert len(errors) == 9 and max(errors) <= FP32
+    assert linear_calls == [0.0] * 4  # the router's GEMV is inside the routing launch: no F.linear
 
 
-# --- on a GPU: Qwen3-Next's sizes in bf16 ---------------------------------------------------------------------------
+# --- on a GPU: the real models' sizes in bf16 (hidden 2048; 32 experts top-8 and 512 top-10, a shared expert) ------
 
 
 def distinct_logits(tokens: int, num_experts: int, seed: int, device: str = "cuda") -> torch.Tensor:
@@ -170,25 +282,35 @@ def distinct_logits(tokens: int, num_experts: int, seed: int, device: str = "cud
 def test_route_and_align_on_the_gpu():
     import test_kernel_route as me
 
-    for tokens, num_experts, top_k in ((1, 512, 10), (16, 512, 10), (64, 512, 10), (128, 32, 8), (7, 128, 8)):
+    # From logits: one launch (a tile: 16 tokens, 8 at 512 experts) and two, up to the bounds.
+    for tokens, num_experts, top_k in ((1, 512, 10), (16, 512, 10), (64, 512, 10), (256, 512, 10), (128, 32, 8),
+                                       (7, 128, 8), (512, 32, 8)):
         for block_m in (16, 32, 64):
             logits = distinct_logits(tokens, num_experts, seed=tokens + block_m)
             ids_differ, weight_error, arrays_differ = me.compare(logits, top_k, True, block_m)
             assert ids_differ == 0.0 and arrays_differ == 0.0, (tokens, num_experts, top_k, block_m)
             assert weight_error <= 1e-2 * float(logits.float().softmax(-1).max()), (tokens, num_experts)
-            if tokens * (top_k + 1) > 1024:
-                continue
             shared_gate = torch.randn(tokens, 1, device="cuda").bfloat16()
             ids_differ, weight_error, arrays_differ = me.compare(torch.cat([logits, shared_gate], 1), top_k, True,
                                                                  block_m, shared=True)
             assert ids_differ == 0.0 and arrays_differ == 0.0, (tokens, num_experts, top_k, block_m)
             assert weight_error <= 1e-2, (tokens, num_experts)  # the sigmoid weight, up to 1, rounded to bf16
+    # From x and the merged router [33, 2048]: the logits in the kernel (bf16 products, float32 sums) against x @ W^T
+    # in float32, both exact by construction.
+    for tokens in (1, 8, 16, 17, 64, 256, 512):
+        x, weight = (t.cuda().bfloat16() for t in exact_router(tokens, 2048, 33, seed=tokens))
+        for block_m in (16, 32, 64):
+            for shared in (True, False):
+                ids_differ, weight_error, arrays_differ = me.compare(x, 8, True, block_m, shared,
+                                                                     weight=weight[:32 + shared])
+                assert ids_differ == 0.0 and arrays_differ == 0.0, (tokens, block_m, shared)
+                assert weight_error <= 1e-2, (tokens, block_m, shared)  # weights rounded to bf16
 
 
 def gpu_layer(num_experts: int, top_k: int, seed: int) -> tuple[SparseMoE, SparseMoE]:
     """(bf16, fp32) copies of a layer at hidden 2048 whose router reads x's first E features as the logits (exact in
-    either dtype, so both copies route alike when those features are distinct). The shared expert has the experts'
-    width (Qwen3-Next's 512): merged, it is expert E."""
+    either dtype and any summation order, so both copies route alike when those features are distinct). The shared
+    expert has the experts' width (512): merged, it is expert E."""
     torch.manual_seed(seed)
     fp32 = SparseMoE(2048, num_experts, top_k, 512, norm_topk_prob=True, shared_intermediate_size=512).cuda()
     for param in fp32.parameters():
@@ -216,10 +338,15 @@ def summed(parts: torch.Tensor) -> torch.Tensor:
 
 @cuda
 def test_the_layer_in_bf16_on_the_gpu():
-    for num_experts, top_k, tokens in ((512, 10, 1), (512, 10, 16), (128, 8, 64), (32, 8, 112), (512, 10, 300)):
+    # (experts, top_k, tokens, the logits computed in the routing kernel, the routing kernels at all)
+    for num_experts, top_k, tokens, in_kernel, kernels in (
+            (32, 8, 1, True, True), (32, 8, 16, True, True), (32, 8, 64, True, True), (32, 8, 512, True, True),
+            (32, 8, 600, False, False), (512, 10, 1, False, True), (512, 10, 16, False, True),
+            (128, 8, 64, False, True), (512, 10, 300, False, False)):
         bf16, fp32 = gpu_layer(num_experts, top_k, seed=tokens)
         x = gpu_input(tokens, num_experts, seed=tokens)
-        assert bf16.experts.routes_in_one_launch(x, top_k) == (tokens < 300)  # 300: route + align, then the slot
+        assert (bf16.kernel_router(x) is not None) == in_kernel, (num_experts, tokens)
+        assert bf16.experts.routes_in_kernels(x, top_k) == kernels, (num_experts, tokens)  # else route + align
         with torch.inference_mode():
             ours = bf16(x)
             ref = fp32(x.float())  # fp32 on CUDA runs route + the expert loop + the gated shared MLP
@@ -228,10 +355,11 @@ def test_the_layer_in_bf16_on_the_gpu():
 
 
 @cuda
-@pytest.mark.parametrize("tokens", [1, 8])
-def test_the_layer_replays_in_a_cuda_graph(tokens):
-    bf16, fp32 = gpu_layer(512, 10, seed=1)
-    static = gpu_input(tokens, 512, seed=0)
+@pytest.mark.parametrize(("num_experts", "top_k", "tokens"), [(32, 8, 1), (32, 8, 64), (512, 10, 1), (512, 10, 8)])
+def test_the_layer_replays_in_a_cuda_graph(num_experts, top_k, tokens):
+    """The routing launch (the router's GEMV inside it with 32 experts; two launches at 64 tokens) in the graph."""
+    bf16, fp32 = gpu_layer(num_experts, top_k, seed=1)
+    static = gpu_input(tokens, num_experts, seed=0)
     with torch.inference_mode():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -243,19 +371,17 @@ def test_the_layer_replays_in_a_cuda_graph(tokens):
         with torch.cuda.graph(graph):
             out = bf16(static)
         for seed in (11, 12):
-            static.copy_(gpu_input(tokens, 512, seed))
+            static.copy_(gpu_input(tokens, num_experts, seed))
             graph.replay()
             torch.cuda.synchronize()
             ref = fp32(static.float())
             assert relative_error(summed(out), ref.cpu()) <= BF16
 
 
-@cuda
-@pytest.mark.parametrize("tokens", [1, 8])
-def test_a_layer_with_the_shared_slot_is_four_kernels(tokens):
-    """The router GEMV, route_and_align, gate_up and down: no shared-expert kernels, no top-k sum."""
-    bf16, _ = gpu_layer(512, 10, seed=2)
-    x = gpu_input(tokens, 512, seed=2)
+def layer_kernels(num_experts: int, top_k: int, tokens: int) -> list[str]:
+    """The CUDA kernels one forward of the bf16 layer launches, compiled first."""
+    bf16, _ = gpu_layer(num_experts, top_k, seed=2)
+    x = gpu_input(tokens, num_experts, seed=2)
     with torch.inference_mode():
         for _ in range(2):  # Triton's compile outside the profile
             bf16(x)
@@ -263,7 +389,28 @@ def test_a_layer_with_the_shared_slot_is_four_kernels(tokens):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             bf16(x)
             torch.cuda.synchronize()
-    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-    for ours in ("_route_align_kernel", "_gate_up_kernel", "_down_kernel"):
+    return [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@cuda
+@pytest.mark.parametrize(("tokens", "launches"), [(1, 3), (16, 3), (64, 4), (512, 4)])
+def test_a_layer_with_the_router_inside_is_three_kernels_up_to_a_tile(tokens, launches):
+    """32 experts: the routing launch (its logits computed inside), gate_up and down; past one tile of 16 tokens the
+    placing launch too. No router GEMV, no shared-expert kernels, no top-k sum."""
+    kernels = layer_kernels(32, 8, tokens)
+    for ours in ("_route_kernel", "_gate_up_kernel", "_down_kernel"):
         assert sum(ours in name for name in kernels) == 1, (ours, kernels)
-    assert len(kernels) <= 4, kernels  # the fourth is the router's GEMV
+    assert sum("_place_kernel" in name for name in kernels) == launches - 3, kernels
+    assert len(kernels) == launches, kernels
+
+
+@cuda
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_a_layer_with_a_large_router_is_its_gemv_and_three_kernels(tokens):
+    """512 experts: the router's GEMV (cuBLAS: up to 3 kernels at batch 1), then the routing launch (one tile of 8),
+    gate_up and down."""
+    kernels = layer_kernels(512, 10, tokens)
+    for ours in ("_route_kernel", "_gate_up_kernel", "_down_kernel"):
+        assert sum(ours in name for name in kernels) == 1, (ours, kernels)
+    assert not any("_place_kernel" in name for name in kernels)
+    assert len(kernels) <= 6, kernels
