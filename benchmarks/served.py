@@ -76,10 +76,12 @@ def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
             try:
                 runs = [_one_batch(service.url, prompts, params) for _ in range(repeat)]
                 best = dict(runs[-1])
-                # The driver's own clock (no HTTP, no client): medians over the engine's newest finished requests,
-                # which are this batch's when batches run smallest first (its window is 256 requests).
-                latency = LayoutMeasurement.from_dict(engine.state()["measurement"], "state.measurement").latency
-                best.update(engine_ttft_ms=latency.ttft_ms, engine_itl_ms=latency.itl_ms)
+                # The engine's own view, no HTTP and no client: the driver's latency medians over its newest finished
+                # requests (this batch's when batches run smallest first: the window is 256 requests), and the rank's
+                # stage times over its last 256 steps (this batch's and, for small batches, earlier ones').
+                measured = LayoutMeasurement.from_dict(engine.state()["measurement"], "state.measurement")
+                best.update(engine_ttft_ms=measured.latency.ttft_ms, engine_itl_ms=measured.latency.itl_ms,
+                            engine_prefill=measured.prefill.to_dict(), engine_decode=measured.decode.to_dict())
                 for rate in ("prefill", "decode"):
                     fastest = max(runs, key=lambda run, rate=rate: run[f"{rate}_tok_s"])
                     best.update({f"{rate}_s": fastest[f"{rate}_s"], f"{rate}_tok_s": fastest[f"{rate}_tok_s"]})
