@@ -167,6 +167,21 @@ def test_the_gpu_bench_runs_every_part_at_toy_size(tmp_path):
     assert bench["unfused_step"]["step_s"] > 0 and len(bench["table"]) == 5
 
 
+@pytest.mark.slow
+def test_the_service_overhead_bench_streams_every_token_on_both_http_stacks(tmp_path):
+    out = tmp_path / "overhead.json"
+    done = subprocess.run([sys.executable, "benchmarks/service_overhead.py", "--batch", "3", "--tokens", "5",
+                           "--step-ms", "2", "--repeat", "1", "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    # Each stack with one client process and with the batch spread over three; _one_batch refuses a short stream.
+    assert [(r["http"], r["client_processes"]) for r in rows] == [("h11", 1), ("h11", 3), ("httptools", 1),
+                                                                  ("httptools", 3)]
+    assert all(r["decode_tok_s"] > 0 and r["server_cpu_us_per_token"] > 0 for r in rows)
+    assert "server CPU per token: h11/asyncio" in done.stdout
+
+
 @pytest.mark.parametrize("size", ["FULL", "TOY"])
 def test_every_planned_step_of_the_run_is_what_the_planner_says(size, tmp_path):
     """The device run's plan, checked here first: every move and the shape change feasible from where the run
