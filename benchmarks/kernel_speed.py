@@ -7,7 +7,8 @@ as bytes moved per second and as a ratio to the peer measured in the same run.
 - one MoE layer's routed + shared experts at batch 1, 8 and 64 (engine/layers/moe.py, as the engine runs it) vs the
   copy time of the expert bytes a step must read;
 - the MoE routing launches alone (engine/ops/triton_route.py) at batch 1 to 512: from x and the merged router
-  [33, 2048] (its GEMV inside, as the engine runs it), and from the logits, beside the router GEMV they replace.
+  [33, 2048] (its GEMV split over `router_chunks` hidden chunks, as the engine runs it), and from the logits, beside
+  the router GEMV they replace.
 Every time is a CUDA graph's replay (device time, not Python's launches).
 
     python benchmarks/kernel_speed.py --out $OUT    # writes kernel_speed.json and prints a table
@@ -126,7 +127,7 @@ def moe_rows() -> list[dict]:
 
 def routing_rows() -> list[dict]:
     from engine.ops.triton_moe import num_blocks_for, pick_block_m
-    from engine.ops.triton_route import route_and_align
+    from engine.ops.triton_route import route_and_align, router_chunks
 
     weight = torch.randn(EXPERTS + 1, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02  # the shared gate's row last
     rows = []
@@ -138,7 +139,8 @@ def routing_rows() -> list[dict]:
         args = (TOP_K, True, block_m, num_blocks_for(pairs, EXPERTS + 1, block_m), True)
         inside = device_time(lambda x=x, args=args: route_and_align(x, *args, router_weight=weight))
         from_logits = device_time(lambda logits=logits, args=args: route_and_align(logits, *args))
-        rows.append({"batch": batch, "routing_with_gemv_s": inside, "routing_from_logits_s": from_logits,
+        rows.append({"batch": batch, "routing_with_gemv_s": inside, "router_chunks": router_chunks(EXPERTS, HIDDEN),
+                     "routing_from_logits_s": from_logits,
                      "router_gemv_s": device_time(lambda x=x: F.linear(x, weight))})
     return rows
 

@@ -12,10 +12,11 @@ CUDA graph) and read only the experts hit. Elsewhere each hit expert runs once o
 serves both. A shared expert of the routed experts' size is also stacked as expert E: the expert tensors' storage
 becomes [E + 1, ...] and every parameter, the shared expert's included, a view of it (engine/layers/merge.py). The
 Triton path then runs it as one more routed slot a token, weighted by sigmoid(its gate's logit). At decode sizes, with
-a router small enough (Qwen3-Next's [33, 2048]), the routing kernel computes the logits itself from x and the merged
-weight (`SparseMoE.kernel_router`): no router GEMV, so a layer is the routing launch (two past one tile of tokens) and
-the two GEMMs. A larger router keeps its GEMV; a shared expert of another shape (or an unmerged layer's) runs as its own
-GatedMLP, its gate's logit from the GEMV.
+a router small enough (Qwen3-Next's [33, 2048]), the routing kernels compute the logits themselves from x and the merged
+weight (`SparseMoE.kernel_router`): the GEMV's partials over hidden chunks in one launch, summed by the routing launch;
+so a layer is those two launches (three past one tile of tokens) and the two GEMMs. A larger router keeps its cuBLAS
+GEMV; a shared expert of another shape (or an unmerged layer's) runs as its own GatedMLP, its gate's logit from the
+GEMV.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class SparseMoE(nn.Module):
         return self.shared_expert.down_proj.weight.shape == self.experts.down_proj.shape[1:]
 
     def kernel_router(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The router's weight when the routing kernel computes the logits from x itself (no GEMV of their own): on
+        """The router's weight when the routing kernels compute the logits from x themselves (no cuBLAS GEMV): on
         the routing kernels' path, for a router small enough, when nothing else needs the logits. That is the merged
         router ([E + 1, H]) with the shared expert as slot E, or the router alone without a shared expert; a shared
         expert of its own (or an unmerged layer's) needs its gate's logit from the GEMV anyway. Else None."""
@@ -166,7 +167,7 @@ class SparseMoE(nn.Module):
         """x [tokens, hidden] -> [tokens, hidden], or on the Triton path the weighted parts [tokens, slots, hidden]
         (top_k routed, then the shared expert's when it runs as slot E), left for the consumer to sum."""
         router_weight = self.kernel_router(x)
-        if router_weight is not None:  # the logits are computed inside the routing launch
+        if router_weight is not None:  # the logits are computed inside the routing kernels
             return self.experts.triton_parts(x, self.top_k, self.norm_topk_prob, router_weight=router_weight)
         if self.router_weight is not None:
             logits = F.linear(x, self.router_weight)  # the experts' logits, then the shared gate's

@@ -11,9 +11,10 @@ range end) sums them in float32 while it reads them, so the sum costs no launch 
 A model's shared expert can ride along as expert E (stacked after the routed experts in the weight tensors, see
 engine/layers/moe.py): one more slot a token, weighted by the sigmoid of its gate, and no kernels of its own.
 For decode-sized batches `routed_experts` starts from the router's logits, or from x and the router's weight (its
-GEMV then runs inside the routing launch): routing and align in Triton (engine/ops/triton_route.py: one launch for a
-batch of one tile, else two) instead of route's and align's ~9 small kernels, so a layer is the routing launch(es) and
-the two GEMMs. Only the experts hit are read, each once per M-block. Accumulation in float32, one cast at each store.
+GEMV then split over hidden chunks, one launch more): routing and align in Triton (engine/ops/triton_route.py: one
+launch for a batch of one tile, else two) instead of route's and align's ~9 small kernels, so a layer is the routing
+launches and the two GEMMs. Only the experts hit are read, each once per M-block. Accumulation in float32, one cast
+at each store.
 Runs under TRITON_INTERPRET=1 on CPU tensors too (that is how CI checks it).
 """
 
@@ -209,7 +210,7 @@ def routed_experts(x: torch.Tensor, top_k: int, norm_topk_prob: bool, gate_up_pr
                    router_weight: torch.Tensor | None = None, shared: bool = False,
                    block_m: int | None = None) -> torch.Tensor:
     """fused_experts from the router's `logits` [tokens, E], or from x and `router_weight` [E, hidden] (the logits
-    computed inside the routing launch, no GEMV of their own): routing and alignment in Triton (triton_route; the
+    computed by the routing kernels, no cuBLAS GEMV): routing and alignment in Triton (triton_route; the
     caller checks fits_routing_kernels, and fits_router_gemv given the weight), then the two kernels. With `shared`
     the logits are [tokens, E + 1] (the weight [E + 1, hidden]; the shared gate's last) and the weights hold the
     shared expert as expert E: the parts are [tokens, top_k + 1, hidden], the last the shared expert's."""

@@ -2,16 +2,21 @@
 
 Eager, a layer's routing is the router GEMV, softmax + torch.topk + renormalise (3 kernels) and `triton_moe.align` a
 sort, a searchsorted, a cumsum and scatters (~6 kernels); at decode each costs its launch, not its bytes. Here:
-  launch 1, one program a tile of BLOCK_T tokens: the tile's logits (read, or computed as x @ W^T with float32
-          accumulation when given the router's weight: each program reads all of it, so small routers only), softmax
-          in float32, top-k, the ids and weights written, and the tile's pairs per expert to a [tiles, E_PAD] scratch;
+  launch 0, given the router's weight (small routers only), one program a tile of 16 tokens and a chunk of BLOCK_H
+          hidden features: the tile's partial logits over its chunk (x @ W^T, float32 accumulation) to a
+          [chunks, tokens, E (+1)] float32 scratch, so the weight is read by many programs at once, not by one;
+  launch 1, one program a tile of BLOCK_T tokens: the tile's logits (read, or summed over the chunks' partials in chunk
+          order), softmax in float32, top-k, the ids and weights written, and the tile's pairs per expert to a
+          [tiles, E_PAD] scratch;
   launch 2, one program a tile again: every program sums the scratch (each expert's run padded to a multiple of
           BLOCK_M starts at the cumsum of the padded runs before it; the tile's pairs on an expert follow those of
           earlier tiles), rebuilds its tile's picks from the ids and writes each pair to its slot; the padding and the
           unused tail get their sentinels, shared out between the programs.
-A batch of one tile skips the scratch: launch 1 places its pairs itself, so batch 1 is one launch.
-Every output element is written by exactly one store (block_expert: by every pair of its block, with one value), so no
-barrier is needed. The outputs are exactly `route` + `align`'s: the pairs of an expert in pair order (a stable sort).
+A batch of one tile skips the scratch: launch 1 places its pairs itself. So batch 1 is one launch from logits, two from
+the router's weight; past one tile, one more.
+Every output element is written by exactly one store (block_expert: by every pair of its block, with one value), and a
+launch only reads what earlier launches wrote, so no barrier or atomic is needed. The outputs are exactly `route` +
+`align`'s: the pairs of an expert in pair order (a stable sort).
 Top-k rule: the largest probabilities, ties broken to the lower expert id (so the ids are torch.topk's set whenever
 the k-th probability is not tied); ids in descending probability. A NaN probability ranks as 0, so the ids stay
 distinct and in range; a row with NaN or infinite logits gets NaN weights, as torch's softmax would.
@@ -32,7 +37,10 @@ MAX_TOKENS = 512  # the largest decode graph (engine/graphs.LADDER); beyond, rou
 MAX_TILE_TOKENS = 16  # small tiles, many programs; also tl.dot's smallest M, so the GEMV tile is always 16
 TILE = 4096  # logits a tile: BLOCK_T tokens x E_PAD experts, kept in registers
 MAX_COUNTS = 16384  # the [tiles, E_PAD] scratch every placing program reads
-ROUTER_ELEMENTS = 128 * 1024  # E_PAD x hidden of a router each tile's program reads whole (Qwen3-Next: 32 x 2048)
+ROUTER_BLOCK_H = 128  # hidden features a partials program reads: 16 programs a tile at hidden 2048 (tuned on the GPU)
+ROUTER_BLOCK_ELEMENTS = 8192  # a partials program's weight block at most (E_PAD x BLOCK_H): wide routers, short chunks
+ROUTER_WARPS = 4  # a partials program is one [16, BLOCK_H] x [BLOCK_H, E_PAD] dot (tuned on the GPU)
+ROUTER_PARTIALS = 1024  # E_PAD x chunks float32 partials a token at most (written, then summed): small routers only
 FILL = 1024  # sentinel entries written per step of the tail fill
 
 
@@ -40,10 +48,19 @@ def experts_pad(num_experts: int) -> int:
     return max(16, triton.next_power_of_2(num_experts))  # a power of two, and tl.dot's smallest N
 
 
-def tokens_per_tile(tokens: int, num_experts: int, gemv: bool) -> int:
-    if gemv:
-        return MAX_TILE_TOKENS
+def tokens_per_tile(tokens: int, num_experts: int) -> int:
     return min(MAX_TILE_TOKENS, triton.next_power_of_2(tokens), max(1, TILE // experts_pad(num_experts)))
+
+
+def router_block_h(num_experts: int, hidden: int) -> int:
+    """The hidden features each program of the router's partials reads: tl.dot's smallest K (16) at least."""
+    widest = ROUTER_BLOCK_ELEMENTS // experts_pad(num_experts)
+    return max(16, min(ROUTER_BLOCK_H, triton.next_power_of_2(hidden), widest))
+
+
+def router_chunks(num_experts: int, hidden: int) -> int:
+    """The hidden chunks the router's GEMV is split into: its partials' programs a tile, the partials a logit sums."""
+    return triton.cdiv(hidden, router_block_h(num_experts, hidden))
 
 
 def fits_routing_kernels(tokens: int, num_experts: int, top_k: int) -> bool:
@@ -51,42 +68,59 @@ def fits_routing_kernels(tokens: int, num_experts: int, top_k: int) -> bool:
     `num_experts` counts the routed experts (a shared expert's slot adds no tile work)."""
     if not (1 <= tokens <= MAX_TOKENS and 1 <= top_k <= num_experts <= TILE):
         return False
-    tiles = triton.cdiv(tokens, tokens_per_tile(tokens, num_experts, gemv=False))
+    tiles = triton.cdiv(tokens, tokens_per_tile(tokens, num_experts))
     return tiles == 1 or tiles * experts_pad(num_experts) <= MAX_COUNTS
 
 
 def fits_router_gemv(num_experts: int, hidden: int) -> bool:
-    """Whether route_and_align can compute the logits from x and the router's weight: every tile's program reads the
-    whole weight, which must be small (a large router's logits come from one GEMM across the GPU instead)."""
+    """Whether route_and_align can compute the logits from x and the router's weight: a 16-token tile's partial logits
+    fit a program's registers, and a token's partials (written, then summed by the routing launch) stay few, so small
+    routers only (Qwen3-Next's: 32 x 16 chunks at hidden 2048); a large router's logits come from one GEMM instead."""
     e_pad = experts_pad(num_experts)
-    return e_pad * hidden <= ROUTER_ELEMENTS and MAX_TILE_TOKENS * e_pad <= TILE
+    return MAX_TILE_TOKENS * e_pad <= TILE and e_pad * router_chunks(num_experts, hidden) <= ROUTER_PARTIALS
 
 
 @triton.jit
-def _logits(in_ptr, w_ptr, t, t_ok, e, e_ok, stride_it, stride_ih, stride_we, stride_wh, NUM_EXPERTS: tl.constexpr,
-            SHARED: tl.constexpr, GEMV: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr,
-            BLOCK_T: tl.constexpr, E_PAD: tl.constexpr, PRECISION: tl.constexpr):
-    """A tile's routed logits [BLOCK_T, E_PAD] in float32 (-inf past the experts) and shared logits [BLOCK_T]."""
-    row = t.to(tl.int64) * stride_it
-    rows = row[:, None]
+def _router_partials_kernel(x_ptr, w_ptr, partials_ptr, tokens, stride_xt, stride_xh, stride_we, stride_wh,
+                            NUM_EXPERTS: tl.constexpr, SHARED: tl.constexpr, HIDDEN: tl.constexpr,
+                            E_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                            PRECISION: tl.constexpr):
+    """A tile's partial logits over one hidden chunk: x [tokens, HIDDEN] @ the router's rows [E (+1), HIDDEN]^T over
+    the chunk's features, float32, to partials [chunks, tokens, E (+1)]."""
+    tile = tl.program_id(0)
+    chunk = tl.program_id(1)
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < tokens
+    e = tl.arange(0, E_PAD)
+    e_ok = e < NUM_EXPERTS
+    h = chunk * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = h < HIDDEN
+    xs = tl.load(x_ptr + t.to(tl.int64)[:, None] * stride_xt + h[None, :] * stride_xh,
+                 mask=t_ok[:, None] & h_ok[None, :], other=0.0)
+    w = tl.load(w_ptr + e[None, :] * stride_we + h[:, None] * stride_wh, mask=e_ok[None, :] & h_ok[:, None],
+                other=0.0)
+    partial = tl.dot(xs, w, input_precision=PRECISION)
+    out = partials_ptr + (chunk * tokens + t).to(tl.int64) * (NUM_EXPERTS + SHARED)
+    tl.store(out[:, None] + e[None, :], partial, mask=t_ok[:, None] & e_ok[None, :])
+    if SHARED:  # the merged router's last row, the shared gate: one column, no dot of its own
+        w_shared = tl.load(w_ptr + NUM_EXPERTS * stride_we + h * stride_wh, mask=h_ok, other=0.0)
+        tl.store(out + NUM_EXPERTS, tl.sum(xs.to(tl.float32) * w_shared.to(tl.float32)[None, :], 1), mask=t_ok)
+
+
+@triton.jit
+def _logits(in_ptr, t, t_ok, e, e_ok, stride_part, stride_it, stride_ih, NUM_EXPERTS: tl.constexpr,
+            SHARED: tl.constexpr, PARTS: tl.constexpr, BLOCK_T: tl.constexpr, E_PAD: tl.constexpr):
+    """A tile's routed logits [BLOCK_T, E_PAD] in float32 (-inf past the experts) and shared logits [BLOCK_T]: the
+    sum of PARTS [tokens, E (+1)] slices stride_part apart (the router's partials, in chunk order; or the logits)."""
+    rows = t.to(tl.int64) * stride_it
+    x = tl.zeros([BLOCK_T, E_PAD], tl.float32)
     shared = tl.zeros([BLOCK_T], tl.float32)
-    if GEMV:  # in_ptr: x [tokens, HIDDEN]; w_ptr: the router's rows [E (+1), HIDDEN]
-        x = tl.zeros([BLOCK_T, E_PAD], tl.float32)
-        for h0 in range(0, HIDDEN, BLOCK_H):
-            h = h0 + tl.arange(0, BLOCK_H)
-            h_ok = h < HIDDEN
-            xs = tl.load(in_ptr + rows + h[None, :] * stride_ih, mask=t_ok[:, None] & h_ok[None, :], other=0.0)
-            w = tl.load(w_ptr + e[None, :] * stride_we + h[:, None] * stride_wh, mask=e_ok[None, :] & h_ok[:, None],
-                        other=0.0)
-            x = tl.dot(xs, w, x, input_precision=PRECISION)
-            if SHARED:
-                w_shared = tl.load(w_ptr + NUM_EXPERTS * stride_we + h * stride_wh, mask=h_ok, other=0.0)
-                shared += tl.sum(xs.to(tl.float32) * w_shared.to(tl.float32)[None, :], 1)
-    else:  # in_ptr: the logits [tokens, E (+1)]
-        x = tl.load(in_ptr + rows + e[None, :] * stride_ih, mask=t_ok[:, None] & e_ok[None, :], other=0.0)
-        x = x.to(tl.float32)
+    for part in tl.static_range(PARTS):  # unrolled: the parts' loads are independent, all in flight at once
+        row = in_ptr + part * stride_part + rows
+        x += tl.load(row[:, None] + e[None, :] * stride_ih, mask=t_ok[:, None] & e_ok[None, :],
+                     other=0.0).to(tl.float32)
         if SHARED:
-            shared = tl.load(in_ptr + row + NUM_EXPERTS * stride_ih, mask=t_ok, other=0.0).to(tl.float32)
+            shared += tl.load(row + NUM_EXPERTS * stride_ih, mask=t_ok, other=0.0).to(tl.float32)
     return tl.where(e_ok[None, :], x, float("-inf")), shared
 
 
@@ -161,11 +195,10 @@ def _place(ids, picked, t, t_ok, e, kk, run_offsets, shared_start, sorted_ptr, b
 
 
 @triton.jit
-def _route_kernel(in_ptr, w_ptr, ids_ptr, weights_ptr, counts_ptr, sorted_ptr, block_expert_ptr, used_ptr, tokens,
-                  num_blocks, stride_it, stride_ih, stride_we, stride_wh, NUM_EXPERTS: tl.constexpr,
-                  E_PAD: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr, K_PAD: tl.constexpr,
-                  BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, NORMALISE: tl.constexpr, GEMV: tl.constexpr,
-                  HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, PLACE: tl.constexpr,
+def _route_kernel(in_ptr, ids_ptr, weights_ptr, counts_ptr, sorted_ptr, block_expert_ptr, used_ptr, tokens,
+                  num_blocks, stride_part, stride_it, stride_ih, NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr,
+                  TOP_K: tl.constexpr, SHARED: tl.constexpr, K_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_M: tl.constexpr, NORMALISE: tl.constexpr, PARTS: tl.constexpr, PLACE: tl.constexpr,
                   FILL: tl.constexpr):
     tile = tl.program_id(0)
     e = tl.arange(0, E_PAD)
@@ -173,8 +206,8 @@ def _route_kernel(in_ptr, w_ptr, ids_ptr, weights_ptr, counts_ptr, sorted_ptr, b
     kk = tl.arange(0, K_PAD)
     t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < tokens
-    x, shared_logit = _logits(in_ptr, w_ptr, t, t_ok, e, e_ok, stride_it, stride_ih, stride_we, stride_wh,
-                              NUM_EXPERTS, SHARED, GEMV, HIDDEN, BLOCK_H, BLOCK_T, E_PAD, PRECISION)
+    x, shared_logit = _logits(in_ptr, t, t_ok, e, e_ok, stride_part, stride_it, stride_ih, NUM_EXPERTS, SHARED, PARTS,
+                              BLOCK_T, E_PAD)
     ids, probs, picked, finite = _top_k(x, t_ok, e, e_ok, kk, E_PAD, TOP_K, K_PAD, BLOCK_T)
     if NORMALISE:
         probs = probs / tl.sum(probs, 1)[:, None]  # the padding slots hold 0
@@ -230,44 +263,61 @@ def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, used_ptr, t
            NUM_EXPERTS, TOP_K, SHARED, BLOCK_M)
 
 
+def router_partials(x: torch.Tensor, router_weight: torch.Tensor, shared: bool) -> torch.Tensor:
+    """x [tokens, hidden] @ router_weight [E (+1), hidden]^T split over hidden chunks: float32 partials
+    [chunks, tokens, E (+1)] whose sum over chunks is the logits (launch 0). The caller checks fits_router_gemv."""
+    tokens, hidden = x.shape
+    num_experts = router_weight.shape[0] - shared
+    block_h = router_block_h(num_experts, hidden)
+    partials = torch.empty((triton.cdiv(hidden, block_h), tokens, router_weight.shape[0]), dtype=torch.float32,
+                           device=x.device)
+    _router_partials_kernel[(triton.cdiv(tokens, MAX_TILE_TOKENS), partials.shape[0])](
+        x, router_weight, partials, tokens, x.stride(0), x.stride(1), router_weight.stride(0), router_weight.stride(1),
+        NUM_EXPERTS=num_experts, SHARED=int(shared), HIDDEN=hidden, E_PAD=experts_pad(num_experts),
+        BLOCK_T=MAX_TILE_TOKENS, BLOCK_H=block_h,
+        PRECISION="ieee" if x.dtype == torch.float32 else None,  # fp32 (the interpreter): no tf32
+        num_warps=ROUTER_WARPS,
+    )
+    return partials
+
+
 def route_and_align(router_input: torch.Tensor, top_k: int, norm_topk_prob: bool, block_m: int, num_blocks: int,
                     shared: bool = False, router_weight: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The router's logits [tokens, E] (any strides), or with `router_weight` [E, hidden] the hidden states x
-    [tokens, hidden] it multiplies (the logits x @ router_weight^T computed in the kernel, float32 accumulation)
-    -> expert_ids [tokens, top_k] int32, weights [tokens, top_k] in the input's dtype (route's values), then
-    sorted_pair_ids, block_expert and used exactly as `align` makes them.
+    [tokens, hidden] it multiplies (the logits x @ router_weight^T computed by router_partials, float32) -> expert_ids
+    [tokens, top_k] int32, weights [tokens, top_k] in the input's dtype (route's values), then sorted_pair_ids,
+    block_expert and used exactly as `align` makes them.
     With `shared` the logits are [tokens, E + 1] (the weight [E + 1, hidden]), the last the shared gate's, and ids and
     weights gain slot top_k: expert E, weight sigmoid(shared logit); the arrays are then align's over E + 1 experts.
-    One launch for a batch of one tile, else two; no host synchronisation, sizes fixed by the shape. The caller checks
-    fits_routing_kernels (and, given the weight, fits_router_gemv) first."""
+    From logits one launch for a batch of one tile, else two; the weight adds router_partials' launch. No host
+    synchronisation, sizes fixed by the shape. The caller checks fits_routing_kernels (and, given the weight,
+    fits_router_gemv) first."""
     gemv = router_weight is not None
     tokens = router_input.shape[0]
     num_experts = (router_weight if gemv else router_input.T).shape[0] - shared
-    hidden = router_input.shape[1] if gemv else 0
     assert fits_routing_kernels(tokens, num_experts, top_k), (tokens, num_experts, top_k)
-    assert not gemv or (fits_router_gemv(num_experts, hidden) and router_weight.shape[1] == hidden
+    assert not gemv or (fits_router_gemv(num_experts, router_input.shape[1])
+                        and router_weight.shape[1] == router_input.shape[1]
                         and router_weight.dtype == router_input.dtype), (router_input.shape, router_weight.shape)
+    # The logits as PARTS slices to sum: the router's partials [chunks, tokens, E (+1)], or the logits themselves.
+    logits = router_partials(router_input, router_weight, shared) if gemv else router_input.unsqueeze(0)
     device = router_input.device
     slots = top_k + shared
     e_pad = experts_pad(num_experts)
-    block_t = tokens_per_tile(tokens, num_experts, gemv)
+    block_t = tokens_per_tile(tokens, num_experts)
     num_tiles = triton.cdiv(tokens, block_t)
-    block_h = max(16, min(256, triton.next_power_of_2(max(hidden, 1)), 8192 // e_pad))  # weight steps <= 8192 elements
     expert_ids = torch.empty((tokens, slots), dtype=torch.int32, device=device)
     weights = torch.empty((tokens, slots), dtype=router_input.dtype, device=device)
     counts = torch.empty((num_tiles, e_pad), dtype=torch.int32, device=device)
     sorted_pair_ids = torch.empty(num_blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=device)
     used = torch.empty(1, dtype=torch.int64, device=device)
-    weight = router_weight if gemv else router_input  # not read without the GEMV: any tensor serves as the pointer
     _route_kernel[(num_tiles,)](
-        router_input, weight, expert_ids, weights, counts, sorted_pair_ids, block_expert, used, tokens, num_blocks,
-        router_input.stride(0), router_input.stride(1), weight.stride(0), weight.stride(1), NUM_EXPERTS=num_experts,
-        E_PAD=e_pad, TOP_K=top_k, SHARED=int(shared), K_PAD=triton.next_power_of_2(slots), BLOCK_T=block_t,
-        BLOCK_M=block_m, NORMALISE=norm_topk_prob, GEMV=gemv, HIDDEN=hidden, BLOCK_H=block_h,
-        PRECISION="ieee" if router_input.dtype == torch.float32 else None,  # fp32 (the interpreter): no tf32
-        PLACE=num_tiles == 1, FILL=FILL, num_warps=4, num_stages=4,  # the GEMV streams the weight: 3 steps in flight
+        logits, expert_ids, weights, counts, sorted_pair_ids, block_expert, used, tokens, num_blocks, logits.stride(0),
+        logits.stride(1), logits.stride(2), NUM_EXPERTS=num_experts, E_PAD=e_pad, TOP_K=top_k, SHARED=int(shared),
+        K_PAD=triton.next_power_of_2(slots), BLOCK_T=block_t, BLOCK_M=block_m, NORMALISE=norm_topk_prob,
+        PARTS=logits.shape[0], PLACE=num_tiles == 1, FILL=FILL, num_warps=4,
     )
     if num_tiles > 1:
         _place_kernel[(num_tiles,)](

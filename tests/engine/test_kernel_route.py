@@ -1,14 +1,17 @@
-"""The routing kernels (engine/ops/triton_route.py), the router's GEMV inside them, and the MoE layer that uses them.
+"""The routing kernels (engine/ops/triton_route.py), the router's GEMV split over hidden chunks before them, and the
+MoE layer that uses them.
 
-CPU, under Triton's interpreter: the kernels against `route` + `align` (the same experts a token, the same weights,
-and exactly align's arrays, so align's invariants hold), from logits and from x and the router's weight (against route
-+ align of x @ W^T in float32: dyadic values make those logits exact in any summation order, so no near-tie can flip),
-with and without the shared expert's slot, in one launch (one tile of tokens) and in two; the tie rule; NaN rows; the
-whole layer on each path (its parts summed) against the float64 expert loop, with no router GEMV when the kernel
-computes the logits. Outputs come from torch.empty filled with NaN / the largest integer (torch's
-fill_uninitialized_memory), so an unwritten element fails. The CPU runs float32 only (Triton 3.6's interpreter
-multiplies bf16 tl.dot operands as raw bits). CUDA (the lead's H200): bf16 at the real models' sizes, the layer
-against fp32, the layer inside a CUDA graph, and its kernel count.
+CPU, under Triton's interpreter: the router's partials (their sum over 1 to 16 chunks, chunks narrower for a wide
+router, hidden sizes not a multiple of a chunk) against x @ W^T in float64; the kernels against `route` + `align` (the
+same experts a token, the same weights, and exactly align's arrays, so align's invariants hold), from logits and from
+x and the router's weight (against route + align of x @ W^T in float32: dyadic values make those logits exact in any
+summation order, so no near-tie can flip), with and without the shared expert's slot, in one routing launch (one tile
+of tokens) and in two; the tie rule; NaN rows; the whole layer on each path (its parts summed) against the float64
+expert loop, with no router GEMV when the kernels compute the logits. Outputs come from torch.empty filled with NaN /
+the largest integer (torch's fill_uninitialized_memory), so an unwritten element fails. The CPU runs float32 only
+(Triton 3.6's interpreter multiplies bf16 tl.dot operands as raw bits). CUDA (the lead's H200): bf16 at the real
+models' sizes, the partials against float64, the layer against fp32, the layer inside a CUDA graph, and its kernel
+count.
 """
 
 import copy
@@ -105,14 +108,45 @@ def test_route_and_align_give_route_and_aligns_values_in_the_interpreter():
     assert max(weight_errors) <= 1e-6
 
 
+def partials_results() -> list[float]:
+    """The router's partials [chunks, tokens, E (+1)]: [relative error of their sum against x @ W^T in float64, chunks
+    as router_chunks says, the chunks] a case; one chunk to 16 (hidden 2048), hidden sizes not a multiple of a chunk,
+    more than one token tile, a router wide enough (128 padded experts) for narrower chunks, strided x."""
+    from engine.ops.triton_route import router_chunks, router_partials
+
+    poison_empty()
+    results = []
+    for tokens, num_experts, shared, hidden in ((1, 32, True, 2048), (40, 32, True, 300), (17, 8, True, 48),
+                                                (20, 100, False, 256), (3, 16, False, 600)):
+        g = torch.Generator().manual_seed(tokens)
+        x = torch.randn(tokens, 2 * hidden, generator=g)[:, ::2]
+        weight = torch.randn(num_experts + shared, hidden, generator=g)
+        partials = router_partials(x, weight, shared)
+        ref = x.double() @ weight.double().T
+        chunks = router_chunks(num_experts, hidden)
+        results += [float((partials.double().sum(0) - ref).norm() / ref.norm()),
+                    float(partials.shape == (chunks, tokens, num_experts + shared)), float(chunks)]
+    return results
+
+
+def test_the_router_partials_sum_to_the_logits_in_the_interpreter():
+    results = run_interpreted("from test_kernel_route import partials_results\nprint(*partials_results(), sep='\\n')")
+    errors, shapes_right, chunks = results[0::3], results[1::3], results[2::3]
+    assert len(errors) == 5 and max(errors) <= FP32
+    assert shapes_right == [1.0] * 5
+    assert min(chunks) == 1 and len(set(chunks)) >= 4 and chunks[0] >= 8  # hidden 2048: 16 chunks of 128 today
+
+
 def gemv_results() -> list[float]:
-    """The kernel computing the logits from x and the weight: one tile (<= 16 tokens) and several, hidden sizes that
-    are not a multiple of the kernel's step, the routed rows of a merged weight, strided x and weight."""
+    """The logits from x and the weight (the router's partials, summed by the routing launch): one tile (<= 16 tokens)
+    and several, one hidden chunk and several (up to 16: Qwen3-Next's hidden 2048), hidden sizes that are not a
+    multiple of a chunk, the routed rows of a merged weight, strided x and weight."""
     poison_empty()
     results = []
     for tokens, num_experts, top_k, hidden, block_m in ((1, 32, 8, 64, 16), (5, 8, 2, 80, 32), (16, 32, 8, 600, 16),
                                                         (17, 64, 8, 64, 64), (64, 32, 8, 256, 32),
-                                                        (200, 16, 4, 48, 16)):
+                                                        (200, 16, 4, 48, 16), (1, 32, 8, 2048, 16),
+                                                        (40, 32, 8, 300, 32)):
         x, weight = exact_router(tokens, 2 * hidden, num_experts + 1, seed=tokens)
         x, weight = x[:, ::2], weight[:, ::2]  # strided: the kernel takes strides (feature 0 still leads)
         norm = bool(tokens % 2)
@@ -124,8 +158,8 @@ def gemv_results() -> list[float]:
 def test_the_router_gemv_inside_the_routing_kernels_gives_route_and_aligns_values_in_the_interpreter():
     results = run_interpreted("from test_kernel_route import gemv_results\nprint(*gemv_results(), sep='\\n')")
     ids_differ, weight_errors, arrays_differ = results[0::3], results[1::3], results[2::3]
-    assert len(ids_differ) == 12
-    assert ids_differ == [0.0] * 12 and arrays_differ == [0.0] * 12
+    assert len(ids_differ) == 16
+    assert ids_differ == [0.0] * 16 and arrays_differ == [0.0] * 16
     assert max(weight_errors) <= 1e-6
 
 
@@ -203,6 +237,7 @@ def test_the_bounds_pick_decode_sized_batches_and_small_routers():
     # The GEMV inside: Qwen3-Next's router (32 experts, the shared gate's row aside) at hidden 2048, not 512 experts.
     assert fits_router_gemv(32, 2048) and fits_router_gemv(64, 2048) and not fits_router_gemv(65, 2048)
     assert not fits_router_gemv(512, 2048) and not fits_router_gemv(512, 64)  # 16 x 512 logits: more than a tile
+    assert fits_router_gemv(32, 4096) and not fits_router_gemv(32, 4097)  # 32 chunks of 32 partials a token, not 33
 
 
 def moe_layer(num_experts: int, top_k: int, norm: bool, shared: int, hidden: int = 64, seed: int = 0) -> SparseMoE:
@@ -264,7 +299,7 @@ def test_the_layer_on_the_triton_path_matches_the_expert_loop_in_the_interpreter
     results = run_interpreted("from test_kernel_route import layer_errors\nprint(*layer_errors(), sep='\\n')")
     errors, linear_calls = results[:9], results[9:]
     assert len(errors) == 9 and max(errors) <= FP32
-    assert linear_calls == [0.0] * 4  # the router's GEMV is inside the routing launch: no F.linear
+    assert linear_calls == [0.0] * 4  # the router's GEMV is the routing kernels' partials: no F.linear
 
 
 # --- on a GPU: the real models' sizes in bf16 (hidden 2048; 32 experts top-8 and 512 top-10, a shared expert) ------
@@ -305,6 +340,24 @@ def test_route_and_align_on_the_gpu():
                                                                      weight=weight[:32 + shared])
                 assert ids_differ == 0.0 and arrays_differ == 0.0, (tokens, block_m, shared)
                 assert weight_error <= 1e-2, (tokens, block_m, shared)  # weights rounded to bf16
+
+
+@cuda
+def test_the_router_partials_on_the_gpu():
+    """The merged router [33, 2048] in bf16 (and its 32 routed rows): the partials' sum against x @ W^T in float64
+    (bf16 products are exact in float32: only the summation order differs), one tile of tokens and many."""
+    from engine.ops.triton_route import router_chunks, router_partials
+
+    for tokens in (1, 16, 64, 512):
+        g = torch.Generator().manual_seed(tokens)
+        x = torch.randn(tokens, 2048, generator=g).bfloat16()
+        weight = (torch.randn(33, 2048, generator=g) * 0.02).bfloat16()
+        for shared in (True, False):
+            rows = weight[:32 + shared]
+            partials = router_partials(x.cuda(), rows.cuda(), shared)
+            assert partials.shape == (router_chunks(32, 2048), tokens, 32 + shared)
+            ref = x.double() @ rows.double().T
+            assert relative_error(partials.double().sum(0).cpu(), ref) <= FP32, (tokens, shared)
 
 
 def gpu_layer(num_experts: int, top_k: int, seed: int) -> tuple[SparseMoE, SparseMoE]:
@@ -357,7 +410,8 @@ def test_the_layer_in_bf16_on_the_gpu():
 @cuda
 @pytest.mark.parametrize(("num_experts", "top_k", "tokens"), [(32, 8, 1), (32, 8, 64), (512, 10, 1), (512, 10, 8)])
 def test_the_layer_replays_in_a_cuda_graph(num_experts, top_k, tokens):
-    """The routing launch (the router's GEMV inside it with 32 experts; two launches at 64 tokens) in the graph."""
+    """The routing launches in the graph: with 32 experts the router's partials, then routing (and placing at 64
+    tokens); with 512 the router's cuBLAS GEMV, then routing."""
     bf16, fp32 = gpu_layer(num_experts, top_k, seed=1)
     static = gpu_input(tokens, num_experts, seed=0)
     with torch.inference_mode():
@@ -393,14 +447,14 @@ def layer_kernels(num_experts: int, top_k: int, tokens: int) -> list[str]:
 
 
 @cuda
-@pytest.mark.parametrize(("tokens", "launches"), [(1, 3), (16, 3), (64, 4), (512, 4)])
-def test_a_layer_with_the_router_inside_is_three_kernels_up_to_a_tile(tokens, launches):
-    """32 experts: the routing launch (its logits computed inside), gate_up and down; past one tile of 16 tokens the
-    placing launch too. No router GEMV, no shared-expert kernels, no top-k sum."""
+@pytest.mark.parametrize(("tokens", "launches"), [(1, 4), (16, 4), (64, 5), (512, 5)])
+def test_a_layer_with_the_router_inside_is_four_kernels_up_to_a_tile(tokens, launches):
+    """32 experts: the router's partials, the routing launch (summing them), gate_up and down; past one tile of 16
+    tokens the placing launch too. No cuBLAS router GEMV, no shared-expert kernels, no top-k sum."""
     kernels = layer_kernels(32, 8, tokens)
-    for ours in ("_route_kernel", "_gate_up_kernel", "_down_kernel"):
+    for ours in ("_router_partials_kernel", "_route_kernel", "_gate_up_kernel", "_down_kernel"):
         assert sum(ours in name for name in kernels) == 1, (ours, kernels)
-    assert sum("_place_kernel" in name for name in kernels) == launches - 3, kernels
+    assert sum("_place_kernel" in name for name in kernels) == launches - 4, kernels
     assert len(kernels) == launches, kernels
 
 
@@ -412,5 +466,5 @@ def test_a_layer_with_a_large_router_is_its_gemv_and_three_kernels(tokens):
     kernels = layer_kernels(512, 10, tokens)
     for ours in ("_route_kernel", "_gate_up_kernel", "_down_kernel"):
         assert sum(ours in name for name in kernels) == 1, (ours, kernels)
-    assert not any("_place_kernel" in name for name in kernels)
+    assert not any("_place_kernel" in name or "_router_partials_kernel" in name for name in kernels)
     assert len(kernels) <= 6, kernels
