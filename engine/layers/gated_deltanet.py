@@ -82,6 +82,7 @@ class GatedDeltaNet(nn.Module):
             beta, g = gdn_gates(b.reshape(tokens, self.v_heads), a.reshape(tokens, self.v_heads), self.A_log,
                                 self.dt_bias)
             out = gdn_forward(q, k, v, g, beta, recurrent_state, step.ctx)
-        z = qkvz[..., 2 * self.k_dim + per_key * self.v_dim:]
-        out = self.norm(out.reshape(-1, self.v_dim), z.reshape(-1, self.v_dim)).reshape(tokens, self.value_width)
+        # z [T, k_heads, per_key, v_dim] as the projection lays it out: the norm kernel reads it without a copy.
+        z = qkvz[..., 2 * self.k_dim + per_key * self.v_dim:].unflatten(-1, (per_key, self.v_dim))
+        out = self.norm(out.reshape(tokens, self.v_heads, self.v_dim), z).reshape(tokens, self.value_width)
         return self.out_proj(out)

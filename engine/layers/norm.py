@@ -105,6 +105,8 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x [..., heads, width]; gate of x's shape, or grouped [..., groups, per_group, width] (see
+        engine/ops/triton_norm.py::triton_gated_rms_norm: the kernel reads it in place, the eager path copies it)."""
         if _kernel_serves(x, self.weight):
             return triton_gated_rms_norm(x, gate, self.weight, self.eps)
-        return gated_rms_norm(x, gate, self.weight, self.eps)
+        return gated_rms_norm(x, gate.reshape(x.shape), self.weight, self.eps)

@@ -7,7 +7,8 @@ eager `x + mixer(x)` is), Llama's norm casts the normed row before scaling by w,
 float32 and casts last, and the gated form rounds after the weight and again at the end.
 
 Rows are every leading dim flattened; a tensor is seen as [outer, inner, width] with its own two row strides, so the
-per-head q/k norm reads a strided slice of the projection output without a copy.
+per-head q/k norm reads a strided slice of the projection output without a copy (and the gated norm's gate may have
+one more level: GDN's z, heads grouped per key head).
 What is added to the residual may come as parts [..., P, width] (an MoE's weighted expert outputs, see
 engine/layers/moe.py): the program reads its row's P parts (a constexpr loop, with their stride), sums them in float32
 and rounds the sum once to the dtype, then adds it to the residual as above: the MoE's top-k sum costs no launch.
@@ -52,8 +53,8 @@ def _rms_norm_kernel(x_ptr, residual_ptr, residual_out_ptr, weight_ptr, out_ptr,
 
 
 @triton.jit
-def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, inner, width, eps, sx0, sx1, sg0, sg1, so0, so1,
-                           BLOCK: tl.constexpr):
+def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, inner, width, eps, sx0, sx1, sg0, sg1, sg2,
+                           so0, so1, GROUP: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < width
@@ -62,7 +63,10 @@ def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, inner, width, e
     normed = (values * tl.rsqrt(tl.sum(values * values, axis=0) / width + eps)).to(x.dtype)
     weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     scaled = (weight * normed.to(tl.float32)).to(x.dtype)  # eager: weight * normed in the input dtype
-    gate = tl.load(gate_ptr + _row_offset(row, inner, sg0, sg1) + cols, mask=ok, other=0.0).to(tl.float32)
+    # The gate's inner rows come in groups of GROUP, each level with its own stride (GROUP 1: plain rows).
+    within = row % inner
+    gate_row = gate_ptr + (row // inner).to(tl.int64) * sg0 + (within // GROUP).to(tl.int64) * sg1
+    gate = tl.load(gate_row + (within % GROUP).to(tl.int64) * sg2 + cols, mask=ok, other=0.0).to(tl.float32)
     y = scaled.to(tl.float32) * (gate * tl.sigmoid(gate))
     tl.store(out_ptr + _row_offset(row, inner, so0, so1) + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
@@ -129,18 +133,28 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centr
 
 def triton_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
                           out: torch.Tensor | None = None) -> torch.Tensor:
-    """GDN's gated RMSNorm over the last dim: weight * normalise(x), times silu(gate) (gate has x's shape).
+    """GDN's gated RMSNorm over the last dim: weight * normalise(x), times silu(gate). The gate has x's shape, or
+    x [..., heads, width] takes a grouped gate [..., groups, per_group, width] (groups * per_group = heads): GDN's z
+    read where the projection lays it out, per key head, which no [..., heads, width] view can describe.
     Returns `out` (allocated if not given), in x's dtype."""
-    if gate.shape != x.shape:
+    grouped = gate.dim() == x.dim() + 1
+    if grouped:
+        fits = x.dim() >= 2 and gate.shape[:-3] == x.shape[:-2] and gate.shape[-1] == x.shape[-1] and (
+            gate.shape[-3] * gate.shape[-2] == x.shape[-2])
+    else:
+        fits = gate.shape == x.shape
+    if not fits:
         raise ValueError(f"gate {tuple(gate.shape)} does not match x {tuple(x.shape)}")
     width = x.shape[-1]
     out = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
-    xs, gs, os_ = _as_rows(x), _as_rows(gate), _written_rows(out, x, "out")
+    xs, gs, os_ = _as_rows(x), _as_rows(gate, parts=grouped), _written_rows(out, x, "out")
     rows, (block, warps) = xs.shape[0] * xs.shape[1], _launch_shape(width)
     if rows == 0:
         return out
+    group_strides = (gs.stride(1), gs.stride(2)) if grouped else (gs.stride(1), 0)
     _gated_rms_norm_kernel[(rows,)](
         xs, gs, weight.contiguous(), os_, xs.shape[1], width, eps, xs.stride(0), xs.stride(1), gs.stride(0),
-        gs.stride(1), os_.stride(0), os_.stride(1), BLOCK=block, num_warps=warps,
+        *group_strides, os_.stride(0), os_.stride(1), GROUP=gate.shape[-2] if grouped else 1, BLOCK=block,
+        num_warps=warps,
     )
     return out

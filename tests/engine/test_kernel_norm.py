@@ -129,6 +129,11 @@ def _report_gated_rms_norm() -> None:
     gate, weight = wide[:, 72:144], torch.randn(72, generator=g)
     print(_rel(triton_gated_rms_norm(x, gate, weight, EPS), gated_rms_norm(x.double(), gate.double(),
                                                                           weight.double(), EPS)), 1e-5)
+    # GDN's z, grouped: 3 tokens x 2 key heads x 3 value heads each, from a projection row wider than the groups.
+    x, wide = torch.randn(3, 6, 72, generator=g), torch.randn(3, 2 * 5 * 72 + 8, generator=g)
+    gate = wide[:, :2 * 5 * 72].unflatten(-1, (2, 5, 72))[:, :, 2:]  # each key head's last three of five columns
+    reference = gated_rms_norm(x.double(), gate.reshape(x.shape).double(), weight.double(), EPS)
+    print(_rel(triton_gated_rms_norm(x, gate, weight, EPS), reference), 1e-5)
 
 
 def _interpreted_pairs(function: str) -> list[tuple[float, float]]:
@@ -150,7 +155,7 @@ def test_rms_norm_kernel_sums_parts_in_the_interpreter():
 
 def test_gated_rms_norm_kernel_in_the_interpreter():
     pairs = _interpreted_pairs("_report_gated_rms_norm")
-    assert len(pairs) == 3 * 2 + 1
+    assert len(pairs) == 3 * 2 + 2
     assert all(error <= bound for error, bound in pairs), pairs
 
 
@@ -317,6 +322,12 @@ def test_gated_rms_norm_kernel_on_the_gpu(monkeypatch):
     ours = triton_gated_rms_norm(x16, gate16, weight16, EPS, out=torch.full_like(x16, float("nan")))
     assert _rel(ours.cpu(), gated_rms_norm(x, gate, weight, EPS)) <= 1e-2
     assert _rel(ours, gated_rms_norm(x16, gate16, weight16, EPS)) <= 4e-3
+    # GDN's z at Qwen3-Next's sizes: 16 key heads of 2 value heads each, from the merged projection's row.
+    row = torch.randn(37, 16 * 768 + 64, generator=g)
+    z = row[:, :16 * 768].unflatten(-1, (16, 768))[..., 512:].unflatten(-1, (2, 128))
+    x = torch.randn(37, 32, 128, generator=g)
+    ours = triton_gated_rms_norm(x.cuda().bfloat16(), z.cuda().bfloat16(), weight16, EPS)
+    assert _rel(ours.cpu(), gated_rms_norm(x, z.reshape(x.shape), weight, EPS)) <= 1e-2
 
 
 @cuda
