@@ -100,12 +100,18 @@ def kernel_results() -> list[float]:
     return results
 
 
-def test_route_and_align_give_route_and_aligns_values_in_the_interpreter():
-    results = run_interpreted("from test_kernel_route import kernel_results\nprint(*kernel_results(), sep='\\n')")
-    ids_differ, weight_errors, arrays_differ = results[0::3], results[1::3], results[2::3]
-    assert len(ids_differ) == 53
-    assert ids_differ == [0.0] * 53 and arrays_differ == [0.0] * 53
+def assert_interpreted_cases_match(results: str, cases: int) -> None:
+    """Run `results` (a function of this module returning compare()'s triples) under the interpreter: every case with
+    route's ids, align's arrays and route's weights."""
+    values = run_interpreted(f"from test_kernel_route import {results}\nprint(*{results}(), sep='\\n')")
+    ids_differ, weight_errors, arrays_differ = values[0::3], values[1::3], values[2::3]
+    assert len(ids_differ) == cases
+    assert ids_differ == [0.0] * cases and arrays_differ == [0.0] * cases
     assert max(weight_errors) <= 1e-6
+
+
+def test_route_and_align_give_route_and_aligns_values_in_the_interpreter():
+    assert_interpreted_cases_match("kernel_results", 53)
 
 
 def partials_results() -> list[float]:
@@ -156,11 +162,7 @@ def gemv_results() -> list[float]:
 
 
 def test_the_router_gemv_inside_the_routing_kernels_gives_route_and_aligns_values_in_the_interpreter():
-    results = run_interpreted("from test_kernel_route import gemv_results\nprint(*gemv_results(), sep='\\n')")
-    ids_differ, weight_errors, arrays_differ = results[0::3], results[1::3], results[2::3]
-    assert len(ids_differ) == 16
-    assert ids_differ == [0.0] * 16 and arrays_differ == [0.0] * 16
-    assert max(weight_errors) <= 1e-6
+    assert_interpreted_cases_match("gemv_results", 16)
 
 
 def tie_results() -> list[float]:
