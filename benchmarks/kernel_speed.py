@@ -127,7 +127,8 @@ def moe_rows() -> list[dict]:
 
 def routing_rows() -> list[dict]:
     from engine.ops.triton_moe import num_blocks_for, pick_block_m
-    from engine.ops.triton_route import route_and_align, router_chunks
+    from engine.ops.triton_route import route_and_align
+    from engine.ops.triton_router import router_chunks
 
     weight = torch.randn(EXPERTS + 1, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02  # the shared gate's row last
     rows = []

@@ -31,7 +31,8 @@ from engine.layers.mlp import GatedMLP, silu_mul
 
 try:
     from engine.ops.triton_moe import fused_experts, routed_experts
-    from engine.ops.triton_route import fits_router_gemv, fits_routing_kernels
+    from engine.ops.triton_route import fits_routing_kernels
+    from engine.ops.triton_router import fits_router_gemv
 except ImportError:  # no Triton (CPU-only installs): grouped_mm on CUDA bf16, the loop elsewhere
     fused_experts = routed_experts = fits_router_gemv = fits_routing_kernels = None
 

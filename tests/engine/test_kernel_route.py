@@ -1,5 +1,5 @@
-"""The routing kernels (engine/ops/triton_route.py), the router's GEMV split over hidden chunks before them, and the
-MoE layer that uses them.
+"""The routing kernels (engine/ops/triton_route.py), the router's GEMV split over hidden chunks before them
+(engine/ops/triton_router.py), and the MoE layer that uses them.
 
 CPU, under Triton's interpreter: the router's partials (their sum over 1 to 16 chunks, chunks narrower for a wide
 router, hidden sizes not a multiple of a chunk) against x @ W^T in float64; the kernels against `route` + `align` (the
@@ -118,7 +118,7 @@ def partials_results() -> list[float]:
     """The router's partials [chunks, tokens, E (+1)]: [relative error of their sum against x @ W^T in float64, chunks
     as router_chunks says, the chunks] a case; one chunk to 16 (hidden 2048), hidden sizes not a multiple of a chunk,
     more than one token tile, a router wide enough (128 padded experts) for narrower chunks, strided x."""
-    from engine.ops.triton_route import router_chunks, router_partials
+    from engine.ops.triton_router import router_chunks, router_partials
 
     poison_empty()
     results = []
@@ -227,7 +227,8 @@ def test_a_nan_row_gets_nan_weights_and_distinct_ids_in_the_interpreter():
 
 
 def test_the_bounds_pick_decode_sized_batches_and_small_routers():
-    from engine.ops.triton_route import fits_router_gemv, fits_routing_kernels
+    from engine.ops.triton_route import fits_routing_kernels
+    from engine.ops.triton_router import fits_router_gemv
 
     assert fits_routing_kernels(1, 32, 8) and fits_routing_kernels(512, 32, 8)  # every decode graph (LADDER's top)
     assert not fits_routing_kernels(513, 32, 8)  # a prefill: route + align
@@ -348,7 +349,7 @@ def test_route_and_align_on_the_gpu():
 def test_the_router_partials_on_the_gpu():
     """The merged router [33, 2048] in bf16 (and its 32 routed rows): the partials' sum against x @ W^T in float64
     (bf16 products are exact in float32: only the summation order differs), one tile of tokens and many."""
-    from engine.ops.triton_route import router_chunks, router_partials
+    from engine.ops.triton_router import router_chunks, router_partials
 
     for tokens in (1, 16, 64, 512):
         g = torch.Generator().manual_seed(tokens)
