@@ -178,7 +178,9 @@ def test_the_service_overhead_bench_streams_every_token_on_both_http_stacks(tmp_
     # Each stack with one client process and with the batch spread over three; _one_batch refuses a short stream.
     assert [(r["http"], r["client_processes"]) for r in rows] == [("h11", 1), ("h11", 3), ("httptools", 1),
                                                                   ("httptools", 3)]
-    assert all(r["decode_tok_s"] > 0 and r["server_cpu_us_per_token"] > 0 for r in rows)
+    # Figures, not speeds: at this size a loaded machine may deliver a stream's tokens in one chunk (no decode after
+    # the last first token) and the server's CPU time, read in 10 ms ticks, may stay under one tick.
+    assert all(r["decode_tok_s"] >= 0 and r["server_cpu_us_per_token"] >= 0 for r in rows)
     assert "server CPU per token: h11/asyncio" in done.stdout
 
 
