@@ -133,10 +133,20 @@ def profile(llm, prompt_len: int, rows: int = 25, wide: int = 64) -> dict:
         tables[name] = prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows)
         events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
         tables[name + "_kernels"] = sum(e.count for e in events)
+        if name == "decode":
+            tables["decode_sequence"] = kernel_sequence(prof)
     llm.runner.graphs = graphs
     while llm.scheduler.has_work:
         llm.step()
     return tables
+
+
+def kernel_sequence(prof, kernels: int = 80) -> str:
+    """The first `kernels` device kernels of a profile in launch order, with their device time: which op a kernel of
+    the by-name table belongs to (the embedding, then layer 0's kernels in order, and so on)."""
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    return "\n".join(f"{e.time_range.elapsed_us():8.2f} us  {e.name[:100]}" for e in events[:kernels])
 
 
 def batch1_step(llm, config: ModelConfig, context: int, steps: int = 200) -> dict:
