@@ -3,7 +3,8 @@
 One class covers the families: Llama/Mistral (plain), Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm) and Qwen3-Next
 (one-centred q/k norm, partial rotary, and a sigmoid gate on the output that q_proj yields alongside the queries;
 paged attention applies it, inside the decode kernel on CUDA). Once merged (engine/layers/merge.py) q, k and v come
-from one GEMM over the stacked weights, then a split of views.
+from one GEMM over the stacked weights, then a split of views. On a CUDA decode step in half precision the q/k norm,
+rotary and the K/V cache write are one Triton launch (engine/ops/triton_qk.py) instead of five kernels.
 """
 
 from __future__ import annotations
@@ -14,10 +15,16 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.layers.merge import stack_rows
-from engine.layers.norm import RMSNorm
+from engine.layers.norm import HALF, RMSNorm
 from engine.layers.rotary import apply_rotary
 from engine.layers.step import LayerStep
 from engine.ops.attention import paged_attention
+from engine.ops.linear import linear
+
+try:
+    from engine.ops.triton_qk import triton_qk_norm_rotary_write
+except ImportError:  # no Triton (CPU-only installs): the eager norm, rotary and write serve every device
+    triton_qk_norm_rotary_write = None
 
 
 class Attention(nn.Module):
@@ -54,6 +61,15 @@ class Attention(nn.Module):
         widths = [p.weight.shape[0] for p in (self.q_proj, self.k_proj, self.v_proj)]
         return F.linear(x, self.qkv_weight, self.qkv_bias).split(widths, dim=-1)
 
+    def _fused_qk_serves(self, q: torch.Tensor, step: LayerStep) -> bool:
+        """The one-launch q/k norm + rotary + K/V write (engine/ops/triton_qk.py) takes a decode step on CUDA in half
+        precision, with cos/sin and the norm weights in q's dtype (float32 and the CPU keep the eager reference).
+        Prefill keeps the eager path: a fresh prompt attends over its rotated keys, which the kernel only caches."""
+        if triton_qk_norm_rotary_write is None or not q.is_cuda or q.dtype not in HALF or step.paged.decode is None:
+            return False
+        weights = [] if self.q_norm is None else [self.q_norm.weight, self.k_norm.weight]
+        return all(t.dtype == q.dtype for t in (step.cos, step.sin, *weights))
+
     def forward(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self._project(x)
@@ -64,9 +80,19 @@ class Attention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
         k_cache, v_cache = step.caches.kv(self.layer_index)
-        out = paged_attention(q, k, v, k_cache, v_cache, step.paged, self.head_dim**-0.5, self.window, gate)
-        return self.o_proj(out.reshape(tokens, -1))
+        fused_write = self._fused_qk_serves(q, step)
+        if fused_write:
+            norm = self.q_norm is not None
+            q = triton_qk_norm_rotary_write(
+                q, k, v, step.cos, step.sin, k_cache, v_cache, step.paged.slot_mapping,
+                self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
+                self.q_norm.eps if norm else 0.0, norm and self.q_norm.one_centred,
+            )
+        else:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
+        out = paged_attention(q, k, v, k_cache, v_cache, step.paged, self.head_dim**-0.5, self.window, gate,
+                              kv_written=fused_write)
+        return linear(out.reshape(tokens, -1), self.o_proj.weight, self.o_proj.bias)  # a GEMV at batch 1

@@ -3,6 +3,7 @@
 Projections come grouped per key head, as the checkpoint stores them: for each key head, in_proj_qkvz yields
 [q | k | v for its value heads | z for its value heads] and in_proj_ba yields [b | a] for its value heads.
 merge_projections() stacks the two weights so one GEMM yields both; the outputs are then used as strided views.
+At batch 1 on CUDA that GEMM and out_proj are Triton GEMVs (engine/ops/linear.py: measured faster than cuBLAS there).
 A decode step on CUDA in half precision runs two in-place Triton kernels (engine/ops/triton_gdn.py): the conv, which
 reads q, k, v from the grouped projection, and the gated delta rule with its gates.
 """
@@ -20,6 +21,7 @@ from engine.layers.norm import GatedRMSNorm
 from engine.layers.step import LayerStep
 from engine.ops.conv import conv_forward
 from engine.ops.gdn import decodes_in_place, gdn_decode_in_place, gdn_forward
+from engine.ops.linear import linear
 
 
 @fused
@@ -60,7 +62,7 @@ class GatedDeltaNet(nn.Module):
             qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
         else:
             widths = [self.in_proj_qkvz.out_features, self.in_proj_ba.out_features]
-            qkvz, ba = F.linear(x, self.in_proj_merged).split(widths, dim=-1)
+            qkvz, ba = linear(x, self.in_proj_merged).split(widths, dim=-1)
         return qkvz.view(tokens, self.k_heads, -1), ba.view(tokens, self.k_heads, -1)
 
     def forward(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
@@ -85,4 +87,4 @@ class GatedDeltaNet(nn.Module):
         # z [T, k_heads, per_key, v_dim] as the projection lays it out: the norm kernel reads it without a copy.
         z = qkvz[..., 2 * self.k_dim + per_key * self.v_dim:].unflatten(-1, (per_key, self.v_dim))
         out = self.norm(out.reshape(tokens, self.v_heads, self.v_dim), z).reshape(tokens, self.value_width)
-        return self.out_proj(out)
+        return linear(out, self.out_proj.weight, self.out_proj.bias)

@@ -18,13 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fused import fused
+from engine.ops import HALF
 
 try:
     from engine.ops.triton_norm import triton_gated_rms_norm, triton_rms_norm
 except ImportError:  # no Triton (CPU-only installs): the eager code serves every device
     triton_rms_norm = triton_gated_rms_norm = None
 
-HALF = (torch.bfloat16, torch.float16)
 
 
 def _normalise(x: torch.Tensor, eps: float) -> torch.Tensor:

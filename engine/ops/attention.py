@@ -2,8 +2,9 @@
 
 Caches are [num_blocks, block_size, kv_heads, head_dim]; a token at position p of sequence s lives in block
 `block_tables[s][p // block_size]`, row `p % block_size`. On CUDA one Triton launch writes K and V
-(engine/ops/triton_decode.py); elsewhere two index assignments do. Queries attend causally over cached + new tokens,
-with grouped-query heads, through torch SDPA (flash on CUDA in half precision). A step in which every sequence
+(engine/ops/triton_decode.py), unless the layer's fused q/k kernel already did (`kv_written`, engine/ops/triton_qk.py);
+elsewhere two index assignments do. Queries attend causally over cached + new tokens, with grouped-query heads, through
+torch SDPA (flash on CUDA in half precision). A step in which every sequence
 decodes goes through one batched kernel instead (engine/ops/paged_decode.py), which also applies a gated layer's
 output gate; on the other steps the gate is one elementwise op after attention.
 """
@@ -83,10 +84,14 @@ def _mask(cached: int, new: int, window: int | None, device: torch.device) -> to
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: PagedMetadata, scale: float, window: int | None = None, gate: torch.Tensor | None = None,
+    kv_written: bool = False,
 ) -> torch.Tensor:
     """q [tokens, heads, head_dim], k/v [tokens, kv_heads, head_dim] (already rotated) -> [tokens, heads, head_dim].
-    `gate` [tokens, heads, head_dim] (gated attention): the output is multiplied by sigmoid(gate)."""
-    write_kv(k, v, k_cache, v_cache, meta)
+    `gate` [tokens, heads, head_dim] (gated attention): the output is multiplied by sigmoid(gate). `kv_written`: the
+    caller already stored this step's keys and values in the caches (engine/ops/triton_qk.py); a decode step then
+    reads only the caches, while a prefill's fresh prompts still read k and v."""
+    if not kv_written:
+        write_kv(k, v, k_cache, v_cache, meta)
     if meta.decode is not None:
         return paged_decode(q, k_cache, v_cache, meta.decode.block_table, meta.decode.context_lens, scale, window,
                             gate)

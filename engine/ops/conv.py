@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from engine.context import StepContext
 from engine.fused import fused
+from engine.ops import HALF
 
 try:
     from engine.ops.triton_conv_prefill import triton_conv_prefill
@@ -20,7 +21,6 @@ try:
 except ImportError:  # no Triton (CPU-only installs): the PyTorch path serves every device
     triton_conv_decode = triton_conv_prefill = None
 
-HALF = (torch.bfloat16, torch.float16)
 
 
 def conv_prefill(

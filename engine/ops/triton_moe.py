@@ -41,10 +41,12 @@ class TileConfig:
     num_stages: int
 
 
-# Small M-blocks and narrow N tiles at decode (many programs stream the weights: bandwidth-bound); wide tiles once
-# each expert has enough pairs for the tensor cores to matter. Every tl.dot dim >= 16, all powers of two.
+# Small M-blocks at decode (many programs stream the weights: bandwidth-bound); wide tiles once each expert has enough
+# pairs for the tensor cores to matter. Every tl.dot dim >= 16, all powers of two. The 16-row tile is measured
+# (benchmarks/decode_tiles.py, H200, 2026-12-03): at batch 1 gate_up 9.9 us (3.8 TB/s) and down 5.2 us, against
+# 11.0 and 6.0 for the earlier 32-wide gate tiles; at batch 8 31.3 and 17.3 us against 36.1 and 18.1.
 CONFIGS = {
-    16: TileConfig(16, gate_n=32, gate_k=128, down_n=64, down_k=128, num_warps=4, num_stages=4),
+    16: TileConfig(16, gate_n=64, gate_k=256, down_n=64, down_k=64, num_warps=4, num_stages=3),
     32: TileConfig(32, gate_n=64, gate_k=64, down_n=64, down_k=64, num_warps=4, num_stages=4),
     64: TileConfig(64, gate_n=64, gate_k=64, down_n=128, down_k=64, num_warps=8, num_stages=3),
 }
@@ -207,20 +209,22 @@ def fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tens
 
 def routed_experts(x: torch.Tensor, top_k: int, norm_topk_prob: bool, gate_up_proj: torch.Tensor,
                    down_proj: torch.Tensor, *, logits: torch.Tensor | None = None,
-                   router_weight: torch.Tensor | None = None, shared: bool = False,
-                   block_m: int | None = None) -> torch.Tensor:
+                   router_weight: torch.Tensor | None = None, partials: torch.Tensor | None = None,
+                   shared: bool = False, block_m: int | None = None) -> torch.Tensor:
     """fused_experts from the router's `logits` [tokens, E], or from x and `router_weight` [E, hidden] (the logits
     computed by the routing kernels, no cuBLAS GEMV): routing and alignment in Triton (triton_route; the
     caller checks fits_routing_kernels, and fits_router_gemv given the weight), then the two kernels. With `shared`
     the logits are [tokens, E + 1] (the weight [E + 1, hidden]; the shared gate's last) and the weights hold the
-    shared expert as expert E: the parts are [tokens, top_k + 1, hidden], the last the shared expert's."""
+    shared expert as expert E: the parts are [tokens, top_k + 1, hidden], the last the shared expert's. `partials`
+    (with the weight): the router's partials of x made already (the MoE's norm folded into their launch)."""
     assert (logits is None) != (router_weight is None), "the logits or the router's weight, not both"
     tokens, num_experts = x.shape[0], gate_up_proj.shape[0]
     num_pairs = tokens * (top_k + shared)
     config = CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
     num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
     _, weights, sorted_pair_ids, block_expert, _ = route_and_align(
-        x if logits is None else logits, top_k, norm_topk_prob, config.block_m, num_blocks, shared, router_weight)
+        x if logits is None else logits, top_k, norm_topk_prob, config.block_m, num_blocks, shared, router_weight,
+        partials)
     return _aligned_experts(x, sorted_pair_ids, block_expert, weights, gate_up_proj, down_proj, config)
 
 
