@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.layers.moe import SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.step import LayerStep
 
@@ -31,13 +32,18 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, step: LayerStep
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """`residual` None on the range's first layer (`hidden` is then the whole state). Returns (mlp output, the
-        residual it adds to); the norm kernel updates the residual in place. `hidden` may be an MoE's parts."""
+        residual it adds to); the norm kernel updates the residual in place (or, folded into an MoE's router launch,
+        writes a new one). `hidden` may be an MoE's parts."""
         first = residual is None
         if first:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = getattr(self, self.mixer_name)(hidden, step)
+        norm = self.post_attention_layernorm
+        if isinstance(self.mlp, SparseMoE) and self.mlp.folds_norm(hidden, norm):
+            # Decode: the norm inside the MoE's router launch, out of place (so the first layer's is safe too).
+            return self.mlp.forward_with_norm(hidden, residual, norm)
         # The first residual is the embedding output or the received activations: the caller's, never written.
-        hidden, residual = self.post_attention_layernorm(hidden, residual, in_place=not first)
+        hidden, residual = norm(hidden, residual, in_place=not first)
         return self.mlp(hidden), residual

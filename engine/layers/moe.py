@@ -14,7 +14,9 @@ becomes [E + 1, ...] and every parameter, the shared expert's included, a view o
 Triton path then runs it as one more routed slot a token, weighted by sigmoid(its gate's logit). At decode sizes, with
 a router small enough (Qwen3-Next's [33, 2048]), the routing kernels compute the logits themselves from x and the merged
 weight (`SparseMoE.kernel_router`): the GEMV's partials over hidden chunks in one launch, summed by the routing launch;
-so a layer is those two launches (three past one tile of tokens) and the two GEMMs. A larger router keeps its cuBLAS
+so a layer is those two launches (three past one tile of tokens) and the two GEMMs. There the layer's pre-norm can
+ride in the partials' launch too (`SparseMoE.forward_with_norm`, which DecoderLayer calls: residual + mixer output and
+its norm computed there, engine/ops/triton_router.py), one launch fewer a layer. A larger router keeps its cuBLAS
 GEMV; a shared expert of another shape (or an unmerged layer's) runs as its own GatedMLP, its gate's logit from the
 GEMV.
 """
@@ -28,13 +30,14 @@ from torch import nn
 from engine.fused import fused
 from engine.layers.merge import stack_experts, stack_rows
 from engine.layers.mlp import GatedMLP, silu_mul
+from engine.layers.norm import RMSNorm
 
 try:
     from engine.ops.triton_moe import fused_experts, routed_experts
     from engine.ops.triton_route import fits_routing_kernels
-    from engine.ops.triton_router import fits_router_gemv
+    from engine.ops.triton_router import fits_router_gemv, normed_router_partials
 except ImportError:  # no Triton (CPU-only installs): grouped_mm on CUDA bf16, the loop elsewhere
-    fused_experts = routed_experts = fits_router_gemv = fits_routing_kernels = None
+    fused_experts = routed_experts = fits_router_gemv = fits_routing_kernels = normed_router_partials = None
 
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
@@ -79,16 +82,19 @@ class Experts(nn.Module):
         return self.runs_triton(x) and fits_routing_kernels(x.shape[0], self.num_experts, top_k)
 
     def triton_parts(self, x: torch.Tensor, top_k: int, norm_topk_prob: bool, logits: torch.Tensor | None = None,
-                     router_weight: torch.Tensor | None = None) -> torch.Tensor:
+                     router_weight: torch.Tensor | None = None, partials: torch.Tensor | None = None
+                     ) -> torch.Tensor:
         """The Triton path from the router's logits [tokens, E] (more columns are ignored, but with the shared slot
         column E is the shared gate's logit), or from x and `router_weight` (SparseMoE.kernel_router's: the routing
-        kernel computes the logits) -> the weighted parts [tokens, slots, hidden]: top_k routed, then the shared
-        expert's when it is slot E. The routing kernels route and align at decode sizes, else route + align."""
+        kernel computes the logits; from `partials` when made already) -> the weighted parts [tokens, slots, hidden]:
+        top_k routed, then the shared expert's when it is slot E. The routing kernels route and align at decode
+        sizes, else route + align."""
         num_experts, shared = self.num_experts, self.has_shared_slot
         gate_up, down = ((self.gate_up_with_shared, self.down_with_shared) if shared
                          else (self.gate_up_proj, self.down_proj))
         if router_weight is not None:
-            return routed_experts(x, top_k, norm_topk_prob, gate_up, down, router_weight=router_weight, shared=shared)
+            return routed_experts(x, top_k, norm_topk_prob, gate_up, down, router_weight=router_weight,
+                                  partials=partials, shared=shared)
         if self.routes_in_kernels(x, top_k):
             return routed_experts(x, top_k, norm_topk_prob, gate_up, down, logits=logits[:, :num_experts + shared],
                                   shared=shared)
@@ -163,6 +169,23 @@ class SparseMoE(nn.Module):
             return None
         fits = self.experts.routes_in_kernels(x, self.top_k) and weight.dtype == x.dtype
         return weight if fits and fits_router_gemv(self.experts.num_experts, x.shape[1]) else None
+
+    def folds_norm(self, mixer_out: torch.Tensor, norm: RMSNorm) -> bool:
+        """Whether forward_with_norm serves this batch: where the routing kernels compute the logits (kernel_router),
+        with the norm's weight in the batch's dtype (as the norm kernel takes it)."""
+        return norm.weight.dtype == mixer_out.dtype and self.kernel_router(mixer_out) is not None
+
+    def forward_with_norm(self, mixer_out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(norm(residual + mixer_out)) as parts, residual + mixer_out): the norm and its residual add inside
+        the router's partials launch. Both results are new tensors, `residual` is not written (the first layer's is
+        the caller's). Only where folds_norm says so."""
+        router_weight = self.kernel_router(mixer_out)
+        partials, normed, summed = normed_router_partials(mixer_out, residual, norm.weight, norm.eps, norm.one_centred,
+                                                          router_weight, self.experts.has_shared_slot)
+        parts = self.experts.triton_parts(normed, self.top_k, self.norm_topk_prob, router_weight=router_weight,
+                                          partials=partials)
+        return parts, summed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, hidden] -> [tokens, hidden], or on the Triton path the weighted parts [tokens, slots, hidden]

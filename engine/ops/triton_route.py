@@ -210,7 +210,8 @@ def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, used_ptr, t
 
 
 def route_and_align(router_input: torch.Tensor, top_k: int, norm_topk_prob: bool, block_m: int, num_blocks: int,
-                    shared: bool = False, router_weight: torch.Tensor | None = None
+                    shared: bool = False, router_weight: torch.Tensor | None = None,
+                    partials: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The router's logits [tokens, E] (any strides), or with `router_weight` [E, hidden] the hidden states x
     [tokens, hidden] it multiplies (the logits x @ router_weight^T computed by router_partials, float32) -> expert_ids
@@ -218,6 +219,7 @@ def route_and_align(router_input: torch.Tensor, top_k: int, norm_topk_prob: bool
     block_expert and used exactly as `align` makes them.
     With `shared` the logits are [tokens, E + 1] (the weight [E + 1, hidden]), the last the shared gate's, and ids and
     weights gain slot top_k: expert E, weight sigmoid(shared logit); the arrays are then align's over E + 1 experts.
+    `partials` (with the weight): x's router_partials made already (normed_router_partials', the norm in that launch).
     From logits one launch for a batch of one tile, else two; the weight adds router_partials' launch. No host
     synchronisation, sizes fixed by the shape. The caller checks fits_routing_kernels (and, given the weight,
     fits_router_gemv) first."""
@@ -228,8 +230,10 @@ def route_and_align(router_input: torch.Tensor, top_k: int, norm_topk_prob: bool
     assert not gemv or (fits_router_gemv(num_experts, router_input.shape[1])
                         and router_weight.shape[1] == router_input.shape[1]
                         and router_weight.dtype == router_input.dtype), (router_input.shape, router_weight.shape)
+    assert partials is None or (gemv and partials.shape[1:] == (tokens, router_weight.shape[0])), "partials of x @ W^T"
     # The logits as PARTS slices to sum: the router's partials [chunks, tokens, E (+1)], or the logits themselves.
-    logits = router_partials(router_input, router_weight, shared) if gemv else router_input.unsqueeze(0)
+    logits = partials if partials is not None else (
+        router_partials(router_input, router_weight, shared) if gemv else router_input.unsqueeze(0))
     device = router_input.device
     slots = top_k + shared
     e_pad = experts_pad(num_experts)

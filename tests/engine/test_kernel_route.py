@@ -435,16 +435,29 @@ def test_the_layer_replays_in_a_cuda_graph(num_experts, top_k, tokens):
             assert relative_error(summed(out), ref.cpu()) <= BF16
 
 
-def layer_kernels(num_experts: int, top_k: int, tokens: int) -> list[str]:
-    """The CUDA kernels one forward of the bf16 layer launches, compiled first."""
+def layer_kernels(num_experts: int, top_k: int, tokens: int, in_decoder: bool = False) -> list[str]:
+    """The CUDA kernels one forward of the bf16 layer launches, compiled first; `in_decoder`: of a decoder layer
+    around it (after a residual), whose mixer passes its input through (no kernels of its own)."""
+    from test_kernel_router_norm import decoder_layer
+
     bf16, _ = gpu_layer(num_experts, top_k, seed=2)
     x = gpu_input(tokens, num_experts, seed=2)
+    if in_decoder:
+        layer = decoder_layer(bf16, one_centred=True, seed=2)
+        layer.self_attn.forward = lambda hidden, step: hidden
+        residual = torch.randn_like(x)  # written in place by the input norm at each call: its kernels stay the same
+
+        def forward():
+            return layer(x, residual, None)
+    else:
+        def forward():
+            return bf16(x)
     with torch.inference_mode():
         for _ in range(2):  # Triton's compile outside the profile
-            bf16(x)
+            forward()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            bf16(x)
+            forward()
             torch.cuda.synchronize()
     return [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
 
@@ -453,12 +466,25 @@ def layer_kernels(num_experts: int, top_k: int, tokens: int) -> list[str]:
 @pytest.mark.parametrize(("tokens", "launches"), [(1, 4), (16, 4), (64, 5), (512, 5)])
 def test_a_layer_with_the_router_inside_is_four_kernels_up_to_a_tile(tokens, launches):
     """32 experts: the router's partials, the routing launch (summing them), gate_up and down; past one tile of 16
-    tokens the placing launch too. No cuBLAS router GEMV, no shared-expert kernels, no top-k sum."""
+    tokens the placing launch too. No cuBLAS router GEMV, no shared-expert kernels, no top-k sum. (The layer's norm
+    joins the partials' launch in a decoder layer: the next test.)"""
     kernels = layer_kernels(32, 8, tokens)
     for ours in ("_router_partials_kernel", "_route_kernel", "_gate_up_kernel", "_down_kernel"):
         assert sum(ours in name for name in kernels) == 1, (ours, kernels)
     assert sum("_place_kernel" in name for name in kernels) == launches - 4, kernels
     assert len(kernels) == launches, kernels
+
+
+@cuda
+@pytest.mark.parametrize(("tokens", "launches"), [(1, 4), (16, 4), (64, 5), (512, 5)])
+def test_a_decoder_layers_moe_norm_rides_in_the_router_launch(tokens, launches):
+    """The decoder layer around it: its input norm (one _rms_norm_kernel), then the post-attention norm inside the
+    router's partials launch: the MoE's launches and no norm kernel of its own (one launch fewer than before)."""
+    kernels = layer_kernels(32, 8, tokens, in_decoder=True)
+    assert sum("_rms_norm_kernel" in name for name in kernels) == 1, kernels
+    for ours in ("_router_partials_kernel", "_route_kernel", "_gate_up_kernel", "_down_kernel"):
+        assert sum(ours in name for name in kernels) == 1, (ours, kernels)
+    assert len(kernels) == 1 + launches, kernels
 
 
 @cuda
