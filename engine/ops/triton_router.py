@@ -75,7 +75,7 @@ def _add_and_norm(x_ptr, residual_ptr, norm_weight_ptr, summed_ptr, normed_ptr, 
     # Squares accumulated elementwise over the chunks, reduced once: the sum's order differs from the norm kernel's
     # one reduction of the whole row (float32 rounding of the sum: the normed row within an ulp of the dtype).
     squares = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
-    for h0 in range(0, HIDDEN, BLOCK_H):
+    for h0 in tl.static_range(0, HIDDEN, BLOCK_H):  # unrolled: the row's loads issue together, not one by one
         cols = h0 + tl.arange(0, BLOCK_H)
         summed = _added_rows(mixer_rows, residual_rows, cols, t_ok[:, None] & (cols < HIDDEN)[None, :], stride_xh,
                              stride_rh)
