@@ -17,6 +17,7 @@ Every time is a CUDA graph's replay (device time, not Python's launches).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -52,6 +53,23 @@ def device_time(run, launches: int = 50) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / launches)
     return sorted(times)[2]
+
+
+COLD_BYTES = 256 << 20  # a rotation this large leaves nothing of a copy in the H200's 50 MB L2 when it comes round
+
+
+def cold_copies(tensor: torch.Tensor, read_bytes: int | None = None) -> list[torch.Tensor]:
+    """Copies of `tensor` enough that cycling through them reads HBM, not L2, as a decode step reads each layer's
+    weights once: `read_bytes` (a launch's reads, the whole tensor by default) times the copies passes COLD_BYTES."""
+    read_bytes = read_bytes or tensor.numel() * tensor.element_size()
+    return [tensor.clone() for _ in range(max(2, -(-COLD_BYTES // read_bytes)))]
+
+
+def cycling(tensors: list[torch.Tensor]):
+    """A function returning the next of `tensors` each call, round and round (a captured graph's launches each take
+    the next copy)."""
+    turn = itertools.count()
+    return lambda: tensors[next(turn) % len(tensors)]
 
 
 def copy_time(num_bytes: int) -> float:

@@ -10,7 +10,6 @@ rotary and the K/V cache write are one Triton launch (engine/ops/triton_qk.py) i
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
@@ -59,7 +58,7 @@ class Attention(nn.Module):
         if self.qkv_weight is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         widths = [p.weight.shape[0] for p in (self.q_proj, self.k_proj, self.v_proj)]
-        return F.linear(x, self.qkv_weight, self.qkv_bias).split(widths, dim=-1)
+        return linear(x, self.qkv_weight, self.qkv_bias).split(widths, dim=-1)  # a GEMV at batch 1
 
     def _fused_qk_serves(self, q: torch.Tensor, step: LayerStep) -> bool:
         """The one-launch q/k norm + rotary + K/V write (engine/ops/triton_qk.py) takes a decode step on CUDA in half

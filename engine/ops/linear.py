@@ -1,7 +1,8 @@
 """The projections' matmul: a Triton GEMV for a batch-1 decode step on CUDA, F.linear otherwise.
 
-Which projections take it is measured, not assumed (benchmarks/decode_tiles.py on the H200): the layers call
-`linear` where the GEMV beat cuBLAS at batch 1 (GDN's in_proj and out_proj, attention's o_proj; not attention's qkv).
+Which projections take it is measured, not assumed (benchmarks/decode_tiles.py on the H200, weights read from HBM):
+the GEMV beat cuBLAS at batch 1 for every decode projection of the bench model (GDN's in_proj and out_proj,
+attention's qkv and o_proj), so the layers call `linear` for each.
 Everywhere else (CPU, float32, a bias, more than one row) F.linear runs, so the CPU reference and its parity tests are
 unchanged.
 """

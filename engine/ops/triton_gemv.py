@@ -1,16 +1,17 @@
 """x @ W^T for one row (a batch-1 decode step) as one Triton launch: a GEMV that streams W once.
 
 At batch 1 a projection is a matrix-vector product bound by reading W. cuBLAS serves GDN's out_proj and attention's
-o_proj ([2048, 4096] in the bench model) at batch 1 as a split-K GEMM plus its reduce kernel, two launches, 7.35 us
-on the H200 (2.3 TB/s). Here each program owns BLOCK_N output features and walks the whole of K, so there is no
-partial sum to reduce and one launch: 4.6 us (3.6 TB/s). It loads a [BLOCK_N, BLOCK_K] tile of W and x's [BLOCK_K]
-slice, multiplies in float32 and keeps the [BLOCK_N, BLOCK_K] running product, summed over K once at the end (one
-reduction, not one a tile). Accumulation is float32 and the output is cast once, as cuBLAS does; the summation order
-differs from cuBLAS's, so values agree to the dtype's rounding, not bit for bit.
-Measured (benchmarks/decode_tiles.py, 2026-12-03): from two rows on, cuBLAS wins (the GEMV re-reads W per row's
-product tile in registers), so the GEMV takes one row only; at K = 2048 (GDN's in_proj [12352, 2048]) it is 12.8 us
-against cuBLAS's 13.6, and for attention's qkv [9216, 2048] it is no faster (8.8 against 8.6): the layers call it
-where it wins. Runs under TRITON_INTERPRET=1 on CPU tensors.
+o_proj ([2048, 4096] in the bench model) at batch 1 as a split-K GEMM plus its reduce kernel, two launches. Here each
+program owns BLOCK_N output features and walks the whole of K, so there is no partial sum to reduce and one launch. It
+loads a [BLOCK_N, BLOCK_K] tile of W and x's [BLOCK_K] slice, multiplies in float32 and keeps the [BLOCK_N, BLOCK_K]
+running product, summed over K once at the end (one reduction, not one a tile). Accumulation is float32 and the output
+is cast once, as cuBLAS does; the summation order differs from cuBLAS's, so values agree to the dtype's rounding, not
+bit for bit.
+Measured (benchmarks/decode_tiles.py, H200, 2026-12-04) with W read from HBM, as a decode step reads it: out_proj
+6.3 us against cuBLAS's 8.6 (2.6 against 2.0 TB/s), GDN's in_proj [12352, 2048] 13.6 against 16.0, attention's qkv
+[9216, 2048] 11.0 against 11.7. From two rows on cuBLAS wins (the GEMV re-reads W per row's product tile in
+registers), so the GEMV takes one row only.
+Runs under TRITON_INTERPRET=1 on CPU tensors.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ class GemvTile:
     block_n: int  # output features a program owns
     block_k: int  # K per step of its loop
     num_warps: int
+    num_stages: int = 3  # Triton's default software pipelining of the K loop's loads
 
 
 def tile_for(k_features: int) -> GemvTile:
-    """The measured best tile: long rows (K >= 4096) in few-feature programs with long steps, else the reverse."""
-    return GemvTile(4, 1024, 4) if k_features >= 4096 else GemvTile(16, 256, 4)
+    """The measured best tile: long rows (K >= 4096) in few-feature programs of 8 warps with long steps, else more
+    features a program in short steps."""
+    return GemvTile(4, 1024, 8) if k_features >= 4096 else GemvTile(16, 256, 4)
 
 
 @triton.jit
@@ -63,5 +66,6 @@ def triton_gemv(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile | None = N
     _gemv_kernel[(triton.cdiv(n_features, tile.block_n),)](
         x, weight, out, n_features, x.stride(1), weight.stride(0), weight.stride(1), out.stride(1),
         K_FEATURES=k_features, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
     )
     return out

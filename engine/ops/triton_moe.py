@@ -38,17 +38,18 @@ class TileConfig:
     down_n: int  # kernel 2: hidden columns per program
     down_k: int  # kernel 2: intermediate per inner step
     num_warps: int
-    num_stages: int
+    gate_stages: int  # kernel 1's software pipelining depth
+    down_stages: int  # kernel 2's
 
 
 # Small M-blocks at decode (many programs stream the weights: bandwidth-bound); wide tiles once each expert has enough
 # pairs for the tensor cores to matter. Every tl.dot dim >= 16, all powers of two. The 16-row tile is measured
-# (benchmarks/decode_tiles.py, H200, 2026-12-03): at batch 1 gate_up 9.9 us (3.8 TB/s) and down 5.2 us, against
-# 11.0 and 6.0 for the earlier 32-wide gate tiles; at batch 8 31.3 and 17.3 us against 36.1 and 18.1.
+# (benchmarks/decode_tiles.py, H200, 2026-12-04, weights read from HBM as in a step): at batch 1 gate_up 12.8 us
+# (3.0 TB/s) and down 7.3 us with 4 stages (7.8 with 3); at batch 8 32.1 and 17.4 us.
 CONFIGS = {
-    16: TileConfig(16, gate_n=64, gate_k=256, down_n=64, down_k=64, num_warps=4, num_stages=3),
-    32: TileConfig(32, gate_n=64, gate_k=64, down_n=64, down_k=64, num_warps=4, num_stages=4),
-    64: TileConfig(64, gate_n=64, gate_k=64, down_n=128, down_k=64, num_warps=8, num_stages=3),
+    16: TileConfig(16, gate_n=64, gate_k=256, down_n=64, down_k=64, num_warps=4, gate_stages=3, down_stages=4),
+    32: TileConfig(32, gate_n=64, gate_k=64, down_n=64, down_k=64, num_warps=4, gate_stages=4, down_stages=4),
+    64: TileConfig(64, gate_n=64, gate_k=64, down_n=128, down_k=64, num_warps=8, gate_stages=3, down_stages=3),
 }
 
 
@@ -167,7 +168,7 @@ def gate_up_silu(x: torch.Tensor, gate_up_proj: torch.Tensor, sorted_pair_ids: t
         x, gate_up_proj, out, sorted_pair_ids, block_expert, x.shape[0] * slots,
         x.stride(0), x.stride(1), gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2),
         out.stride(0), HIDDEN=hidden, INTER=inter, SLOTS=slots, BLOCK_M=config.block_m, BLOCK_N=config.gate_n,
-        BLOCK_K=config.gate_k, PRECISION=_precision(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_K=config.gate_k, PRECISION=_precision(x.dtype), num_warps=config.num_warps, num_stages=config.gate_stages,
     )
     return out
 
@@ -186,7 +187,7 @@ def down_weighted(h: torch.Tensor, down_proj: torch.Tensor, sorted_pair_ids: tor
         h, down_proj, out, sorted_pair_ids, block_expert, pair_weights, num_pairs,
         h.stride(0), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2), out.stride(0),
         HIDDEN=hidden, INTER=inter, BLOCK_M=config.block_m, BLOCK_N=config.down_n, BLOCK_K=config.down_k,
-        PRECISION=_precision(h.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+        PRECISION=_precision(h.dtype), num_warps=config.num_warps, num_stages=config.down_stages,
     )
     return out
 
