@@ -184,7 +184,7 @@ class StepPlan:
     def from_batch(cls, batch: Batch, block_size: int) -> StepPlan:
         token_ids, positions = [], []
         for seq, cached, count in zip(batch.seqs, batch.cached_lens, batch.query_lens, strict=True):
-            token_ids.extend(seq.tokens[cached:cached + count])
+            token_ids.extend(seq.tokens_between(cached, cached + count))
             positions.extend(range(cached, cached + count))
         return cls(token_ids, list(batch.query_lens), list(batch.cached_lens),
                    [seq.state_slot or 0 for seq in batch.seqs], [list(seq.block_table) for seq in batch.seqs],

@@ -31,9 +31,15 @@ class Sequence:
     preemptions: int = 0
     recomputed_tokens: int = 0  # cached work thrown away by preemption
 
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def tokens_between(self, start: int, stop: int) -> list[int]:
+        """(prompt + output)[start:stop] without building the whole list: a decode step reads one token, and
+        concatenating every sequence's whole history each step costs O(context) a sequence."""
+        prompt_len = len(self.prompt_ids)
+        if start >= prompt_len:
+            return self.output_ids[start - prompt_len:stop - prompt_len]
+        if stop <= prompt_len:
+            return self.prompt_ids[start:stop]
+        return self.prompt_ids[start:] + self.output_ids[:stop - prompt_len]
 
     @property
     def num_tokens(self) -> int:

@@ -114,3 +114,11 @@ def test_stop_tokens_end_a_request(folder):
     first = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
     stopped = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, stop_token_ids=(first[2],)))[0]
     assert stopped.token_ids == first[:3] and stopped.finish_reason == "stop"
+
+
+def test_tokens_between_slices_prompt_and_output_as_one_list():
+    seq = Sequence(0, [10, 11, 12], SamplingParams(), output_ids=[20, 21])
+    whole = seq.prompt_ids + seq.output_ids
+    for start in range(len(whole) + 1):
+        for stop in range(start, len(whole) + 1):
+            assert seq.tokens_between(start, stop) == whole[start:stop], (start, stop)
