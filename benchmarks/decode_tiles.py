@@ -114,14 +114,49 @@ def moe_tile_rows() -> list[dict]:
     return rows
 
 
+def norm_rows() -> list[dict]:
+    """The layer's input norm at batch 1 (engine/ops/triton_norm.py) by warps: plain (the first layer's) and with the
+    MoE's nine weighted parts summed into the residual (every later layer's), from L2 as in the step (the parts were
+    just written)."""
+    from engine.ops.triton_norm import _launch_shape, triton_rms_norm
+
+    weight = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for case, parts in (("plain", None), ("moe_parts", TOP_K + 1)):
+        x = torch.randn(1, *(() if parts is None else (parts,)), HIDDEN, device="cuda", dtype=torch.bfloat16)
+        residual = None if parts is None else torch.randn(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        summed = None if residual is None else torch.empty_like(residual)  # out of place: every launch the same
+
+        def normed(warps: int, x: torch.Tensor = x, residual: torch.Tensor | None = residual,
+                   summed: torch.Tensor | None = summed) -> torch.Tensor:
+            return triton_rms_norm(x, weight, 1e-6, True, residual, summed, num_warps=warps)
+
+        timed = sorted(({"warps": warps, "s": device_time(lambda w=warps: normed(w))} for warps in (1, 2, 4, 8, 16)),
+                       key=lambda row: row["s"])
+        shipped = _launch_shape(HIDDEN)[1]
+        shipped_s = next(row["s"] for row in timed if row["warps"] == shipped)
+        rows.append({"case": case, "shipped_warps": shipped, "shipped_s": shipped_s, "best": timed,
+                     "best_over_shipped": timed[0]["s"] / shipped_s})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+SWEEPS = {"gemv": gemv_rows, "moe_tiles": moe_tile_rows, "norm": norm_rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sweeps", default=",".join(SWEEPS), help=f"comma-separated, of {', '.join(SWEEPS)}")
     args = parser.parse_args()
+    unknown = set(args.sweeps.split(",")) - set(SWEEPS)
+    if unknown:
+        parser.error(f"--sweeps: no sweep named {', '.join(sorted(unknown))} (choose from {', '.join(SWEEPS)})")
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "card": torch.cuda.get_device_name(),
                     "torch": torch.__version__}
-    for name, measure in (("gemv", gemv_rows), ("moe_tiles", moe_tile_rows)):
+    for name in args.sweeps.split(","):
+        measure = SWEEPS[name]
         try:
             result[name] = measure()
         except Exception as error:  # one sweep's failure must not hide the other's figures

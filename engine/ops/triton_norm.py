@@ -102,11 +102,11 @@ def _launch_shape(width: int) -> tuple[int, int]:
 
 def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool,
                     residual: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, num_warps: int | None = None) -> torch.Tensor:
     """RMSNorm over the last dim of x; with `residual` (x's shape) it normalises residual + x instead and writes that
     sum into `residual_out` (default: `residual` itself, in place). With a residual, x may also be parts
     [..., P, width] (residual [..., width]): residual + their sum, the sum taken in float32 and rounded once. Returns
-    the normed tensor (`out` if given), of the residual's shape."""
+    the normed tensor (`out` if given), of the residual's shape. `num_warps` overrides the launch's (benchmarks)."""
     parts = residual is not None and x.dim() == residual.dim() + 1
     if parts and x.shape[:-2] + x.shape[-1:] != residual.shape:
         raise ValueError(f"parts {tuple(x.shape)} do not match the residual {tuple(residual.shape)}")
@@ -126,7 +126,7 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centr
         xs, rs, qs, weight.contiguous(), os_, os_.shape[1], width, eps,
         xs.stride(0), xs.stride(1), xs.stride(2) if parts else 0, rs.stride(0), rs.stride(1), qs.stride(0),
         qs.stride(1), os_.stride(0), os_.stride(1), HAS_RESIDUAL=residual is not None, ONE_CENTRED=one_centred,
-        PARTS=x.shape[-2] if parts else 1, BLOCK=block, num_warps=warps,
+        PARTS=x.shape[-2] if parts else 1, BLOCK=block, num_warps=num_warps or warps,
     )
     return out
 
