@@ -133,7 +133,7 @@ def norm_rows() -> list[dict]:
 
         timed = sorted(({"warps": warps, "s": device_time(lambda w=warps: normed(w))} for warps in (1, 2, 4, 8, 16)),
                        key=lambda row: row["s"])
-        shipped = _launch_shape(HIDDEN)[1]
+        shipped = _launch_shape(HIDDEN, parts or 1)[1]
         shipped_s = next(row["s"] for row in timed if row["warps"] == shipped)
         rows.append({"case": case, "shipped_warps": shipped, "shipped_s": shipped_s, "best": timed,
                      "best_over_shipped": timed[0]["s"] / shipped_s})
