@@ -21,19 +21,10 @@ import pytest
 import torch
 from engine_checkpoints import relative_error
 from interpret import run_interpreted
-from torch import nn
-
-from engine.layers.moe import SparseMoE
+from moe_layers import BF16, decoder_layer, distinct_logits, gpu_input, gpu_layer, moe_layer, poison_empty, summed
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-BF16 = 1e-2
 FP32 = 1e-5
-
-
-def poison_empty() -> None:
-    """torch.empty returns NaN (floats) and the largest value (integers): what the kernel leaves unwritten shows."""
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
 
 
 def exact_router(tokens: int, hidden: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,14 +234,6 @@ def test_the_bounds_pick_decode_sized_batches_and_small_routers():
     assert fits_router_gemv(32, 4096) and not fits_router_gemv(32, 4097)  # 32 chunks of 32 partials a token, not 33
 
 
-def moe_layer(num_experts: int, top_k: int, norm: bool, shared: int, hidden: int = 64, seed: int = 0) -> SparseMoE:
-    torch.manual_seed(seed)
-    moe = SparseMoE(hidden, num_experts, top_k, 32, norm_topk_prob=norm, shared_intermediate_size=shared)
-    for param in moe.parameters():
-        nn.init.normal_(param, std=0.3)
-    return moe
-
-
 def layer_errors() -> list[float]:
     """The layer on the Triton path (forced on for fp32 CPU) against its float64 expert loop, parts summed: the logits
     computed inside the routing kernels (a merged layer whose shared expert of the experts' width, 32, is slot E; a
@@ -308,14 +291,6 @@ def test_the_layer_on_the_triton_path_matches_the_expert_loop_in_the_interpreter
 # --- on a GPU: the real models' sizes in bf16 (hidden 2048; 32 experts top-8 and 512 top-10, a shared expert) ------
 
 
-def distinct_logits(tokens: int, num_experts: int, seed: int, device: str = "cuda") -> torch.Tensor:
-    """Distinct logits a row, exact in bf16 (a tie could pick either expert on either path): consecutive bf16 values
-    from 0.25 up (128 a binade), shuffled per row."""
-    g = torch.Generator().manual_seed(seed)
-    values = (torch.arange(num_experts) + 0x3E80).to(torch.int16).view(torch.bfloat16)
-    return values[torch.rand(tokens, num_experts, generator=g).argsort(-1)].to(device)
-
-
 @cuda
 def test_route_and_align_on_the_gpu():
     import test_kernel_route as me
@@ -361,35 +336,6 @@ def test_the_router_partials_on_the_gpu():
             assert partials.shape == (router_chunks(32, 2048), tokens, 32 + shared)
             ref = x.double() @ rows.double().T
             assert relative_error(partials.double().sum(0).cpu(), ref) <= FP32, (tokens, shared)
-
-
-def gpu_layer(num_experts: int, top_k: int, seed: int) -> tuple[SparseMoE, SparseMoE]:
-    """(bf16, fp32) copies of a layer at hidden 2048 whose router reads x's first E features as the logits (exact in
-    either dtype and any summation order, so both copies route alike when those features are distinct). The shared
-    expert has the experts' width (512): merged, it is expert E."""
-    torch.manual_seed(seed)
-    fp32 = SparseMoE(2048, num_experts, top_k, 512, norm_topk_prob=True, shared_intermediate_size=512).cuda()
-    for param in fp32.parameters():
-        nn.init.normal_(param, std=0.02)
-    fp32.gate.weight.data.zero_()
-    fp32.gate.weight.data[:, :num_experts] = torch.eye(num_experts, device="cuda")
-    bf16 = copy.deepcopy(fp32).bfloat16()
-    for moe in (fp32, bf16):
-        moe.merge_projections()
-    assert bf16.experts.has_shared_slot
-    return bf16, fp32
-
-
-def gpu_input(tokens: int, num_experts: int, seed: int) -> torch.Tensor:
-    x = torch.randn(tokens, 2048, generator=torch.Generator().manual_seed(seed)).cuda().bfloat16()
-    x[:, :num_experts] = distinct_logits(tokens, num_experts, seed)
-    return x
-
-
-def summed(parts: torch.Tensor) -> torch.Tensor:
-    """The layer's output from its Triton path's parts [tokens, top_k + 1, hidden], in float32 on the CPU."""
-    assert parts.dim() == 3
-    return parts.float().sum(1).cpu()
 
 
 @cuda
@@ -438,8 +384,6 @@ def test_the_layer_replays_in_a_cuda_graph(num_experts, top_k, tokens):
 def layer_kernels(num_experts: int, top_k: int, tokens: int, in_decoder: bool = False) -> list[str]:
     """The CUDA kernels one forward of the bf16 layer launches, compiled first; `in_decoder`: of a decoder layer
     around it (after a residual), whose mixer passes its input through (no kernels of its own)."""
-    from test_kernel_router_norm import decoder_layer
-
     bf16, _ = gpu_layer(num_experts, top_k, seed=2)
     x = gpu_input(tokens, num_experts, seed=2)
     if in_decoder:

@@ -15,20 +15,17 @@ fold against the layer with it disabled, on the CPU (the Triton path forced on f
 Qwen3-Next's sizes, on the GPU.
 """
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 from engine_checkpoints import relative_error
 from interpret import run_interpreted
-from test_kernel_route import BF16, gpu_layer, moe_layer, poison_empty
-from torch import nn
+from moe_layers import BF16, EPS, decoder_layer, gpu_layer, moe_layer, poison_empty
 
 from engine.layers.decoder import DecoderLayer
 from engine.layers.moe import SparseMoE
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-EPS = 1e-6
 MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7}
 
 
@@ -89,29 +86,6 @@ def assert_folds_match(results: list[float], dtypes: list[torch.dtype], bf16_ulp
 def test_the_folded_norm_gives_the_norm_kernels_rows_and_partials_in_the_interpreter():
     results = run_interpreted("from test_kernel_router_norm import fold_results\nprint(*fold_results(), sep='\\n')")
     assert_folds_match(results, [torch.float32] * 6 + [torch.bfloat16] * 7, bf16_ulps=0.0)  # exact here
-
-
-class _Mixer(nn.Module):
-    """A stand-in mixer: one projection of the normed input (its step unused)."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.proj = nn.Linear(hidden, hidden, bias=False)
-
-    def forward(self, hidden: torch.Tensor, step: object) -> torch.Tensor:
-        return self.proj(hidden)
-
-
-def decoder_layer(moe: SparseMoE, one_centred: bool, seed: int) -> DecoderLayer:
-    """A decoder layer around `moe` (its device and dtype) with a projection as the mixer and random norm weights."""
-    hidden = moe.gate.weight.shape[1]
-    config = SimpleNamespace(hidden_size=hidden, rms_norm_eps=EPS, one_centred_norm=one_centred)
-    torch.manual_seed(seed)
-    layer = DecoderLayer(config, "self_attn", _Mixer(hidden), moe)
-    nn.init.normal_(layer.self_attn.proj.weight, std=hidden ** -0.5)
-    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-        nn.init.normal_(norm.weight, mean=0.0 if one_centred else 1.0, std=0.2)
-    return layer.to(device=moe.gate.weight.device, dtype=moe.gate.weight.dtype)
 
 
 def unfolded_outputs(layer: DecoderLayer, hidden: torch.Tensor, residual: torch.Tensor | None
