@@ -116,8 +116,11 @@ class RankGroup:
         but a step); the first failure is raised, marked `restart` when the process group is no longer sound."""
         timeout_s = self.timeouts.get(kind, self.timeouts["build"])
         deadline = time.monotonic() + timeout_s
-        for pipe, payload in zip(self.pipes, payloads, strict=True):
-            pipe.send((kind, payload))
+        for rank, (pipe, payload) in enumerate(zip(self.pipes, payloads, strict=True)):
+            try:
+                pipe.send((kind, payload))
+            except OSError:  # its end of the pipe is closed: the process is gone
+                raise self._died(rank) from None
         replies, failure, transport = [], None, False
         for rank, pipe in enumerate(self.pipes):
             # A dead rank never answers, and its peers block on it: stop waiting at once. A stalled one (SIGSTOP, a
@@ -131,9 +134,7 @@ class RankGroup:
                     raise EOFError
                 reply = pipe.recv()
             except (EOFError, OSError):
-                self.processes[rank].join(timeout=5)
-                raise RankFailure(rank, f"the rank process died (exit code {self.processes[rank].exitcode})",
-                                  restart=True) from None
+                raise self._died(rank) from None
             if reply[0] == "error":
                 log.warning("rank %d: %s\n%s", rank, reply[1], reply[2])
                 failure = failure or RankFailure(rank, reply[1])
@@ -143,6 +144,10 @@ class RankGroup:
             failure.restart = transport
             raise failure
         return replies
+
+    def _died(self, rank: int) -> RankFailure:
+        self.processes[rank].join(timeout=5)
+        return RankFailure(rank, f"the rank process died (exit code {self.processes[rank].exitcode})", restart=True)
 
     def stop(self) -> None:
         for pipe in self.pipes:
