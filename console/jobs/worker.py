@@ -14,10 +14,11 @@ a second delivery of a running or finished job finds nothing to claim and does n
    the layout the engine then runs noted as the job's doing (console.jobs.layout_watch).
 
 An engine that cannot be reached before the plan is sent fails the job with that reason: nothing was applied
-and nothing is retried. Once the engine holds an operation, losing contact leaves the job `running` for
-`reconcile()`, which settles it from the engine's own operation record rather than guessing; a worker that died
-between the engine accepting the plan and the id being recorded is found out by asking the engine for the
-operations of the job's plan hash.
+and nothing is retried. A plan sent whose reply is lost (a timeout, a broken connection) is looked up at once
+among the engine's operations of the job's plan hash and followed if found; if not (yet), the job stays `running`
+for `reconcile()`. Once the engine holds an operation, losing contact leaves the job `running` for `reconcile()`,
+which settles it from the engine's own operation record rather than guessing; a worker that died between the
+engine accepting the plan and the id being recorded is found out the same way, by the job's plan hash.
 """
 
 from __future__ import annotations
@@ -137,8 +138,7 @@ def _apply(job: Job, engine: EngineClient, attestation: dict) -> tuple[str, str 
             return engine.apply(job.plan, job.plan_hash, attestation), None
         except EngineUnreachable as error:
             if error.sent:
-                return "", _end(job, JobStatus.FAILED, f"{error}; the engine may have received the plan: check its "
-                                                       "/control/state before proposing again")
+                return _sent_unanswered(job, engine, error)
             return "", _end(job, JobStatus.FAILED, f"{error}; nothing was applied")
         except EngineRefused as error:
             if error.status != 409:
@@ -155,8 +155,30 @@ def _apply(job: Job, engine: EngineClient, attestation: dict) -> tuple[str, str 
             services.report_progress(job, phase="waiting", progress=0.0)
             time.sleep(0.5)
         except EngineError as error:
-            return "", _end(job, JobStatus.FAILED, f"{error}; the engine may have received the plan: check its "
-                                                   "/control/state before proposing again")
+            return _sent_unanswered(job, engine, error)
+
+
+def _sent_unanswered(job: Job, engine: EngineClient, error: EngineError) -> tuple[str, str | None]:
+    """The plan went out but no operation id came back (the reply timed out, the connection broke, the reply was
+    unreadable): the engine's operations for the job's plan hash say whether it took the plan. Found: (its id, None),
+    followed as if the reply had come. Not found, or no answer: the engine may still be taking the request in, so
+    nothing is decided now; the job stays running, phase `unconfirmed`, and reconcile() looks it up again later."""
+    reason = str(error)
+    try:
+        found = _operations_of(job, engine)
+    except EngineError as lost:
+        found, reason = [], f"{reason}; looking the operation up: {lost}"
+    if found:
+        return found[-1]["id"], None
+    log.warning("job %s: %s; no operation of plan %s found yet: left running for the reconciler", job.pk, reason,
+                job.plan_hash[:16])
+    services.report_progress(job, phase="unconfirmed", progress=0.0)
+    return "", JobStatus.RUNNING
+
+
+def _operations_of(job: Job, engine: EngineClient) -> list[Operation]:
+    """The engine's operations of the job's plan hash started by this job's attestation, oldest first."""
+    return [op for op in engine.find_operations(job.plan_hash) if op.get("job_id") == job.pk]
 
 
 def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
@@ -263,7 +285,7 @@ def _settle_without_operation_id(job: Job, engine: EngineClient) -> str:
     """The worker stopped before it recorded an operation id: before the engine got the plan, or after. The
     engine's operations for the job's plan hash say which: the one its attestation named this job started."""
     try:
-        found = [op for op in engine.find_operations(job.plan_hash) if op.get("job_id") == job.pk]
+        found = _operations_of(job, engine)
     except EngineError as error:
         return f"left running: {error}"
     if not found:

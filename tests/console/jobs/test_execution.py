@@ -3,6 +3,7 @@
 import time
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.utils import timezone
 from job_helpers import actions, apply_as_the_worker, at_once, move_engine
@@ -210,3 +211,51 @@ def test_the_reconciler_sends_a_stuck_queued_job_again(queued_job, handoffs):
     Job.objects.filter(pk=job.pk).update(updated=timezone.now() - timedelta(minutes=10))
     assert worker.reconcile(older_than_s=60) == [(job.pk, "sent to the worker again")]
     assert handoffs == [job.pk, job.pk]
+
+
+class ReplyLost(httpx.HTTPTransport):
+    """Delivers every request to the engine; the reply to the first POST /control/apply is lost on its way back (a
+    read timeout), and with `then_down` nothing reaches the engine after that (the connection is refused)."""
+
+    def __init__(self, then_down: bool = False):
+        super().__init__()
+        self.then_down, self.lost = then_down, False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.lost and self.then_down:
+            raise httpx.ConnectError("connection refused", request=request)
+        response = super().handle_request(request)
+        if not self.lost and request.method == "POST" and request.url.path == "/control/apply":
+            response.read()
+            response.close()
+            self.lost = True
+            raise httpx.ReadTimeout("the reply was lost", request=request)
+        return response
+
+
+def test_an_apply_whose_reply_is_lost_is_found_by_plan_hash_and_followed(live_engine, queued_job):
+    job = queued_job()
+    with EngineClient(transport=ReplyLost()) as client:
+        assert worker.execute(job.pk, client=client) == "succeeded"
+    job.refresh_from_db()
+    [operation] = [op for op in live_engine.client.get("/control/operations", params={"plan_hash": job.plan_hash})
+                   .json()["operations"] if op["job_id"] == job.pk]  # applied once: the lookup did not apply again
+    assert job.engine_operation_id == operation["id"] and job.error == ""
+    assert live_engine.state()["cut"] == job.target["cut"]
+    assert actions(job)[-2:] == ["job.applied", "job.succeeded"]
+
+
+def test_an_apply_whose_reply_is_lost_with_the_engine_is_left_to_the_reconciler(live_engine, queued_job):
+    job = queued_job()
+    with EngineClient(transport=ReplyLost(then_down=True)) as client:
+        assert worker.execute(job.pk, client=client) == "running"
+    job.refresh_from_db()
+    assert (job.status, job.phase, job.engine_operation_id) == ("running", "unconfirmed", "")
+    [operation] = [op for op in live_engine.client.get("/control/operations", params={"plan_hash": job.plan_hash})
+                   .json()["operations"] if op["job_id"] == job.pk]  # the engine took the plan
+    live_engine.wait_operation(operation["id"])
+    Job.objects.filter(pk=job.pk).update(updated=timezone.now() - timedelta(minutes=10))
+    assert worker.reconcile(older_than_s=60) == [(job.pk, "succeeded")]
+    job.refresh_from_db()
+    assert (job.status, job.engine_operation_id) == ("succeeded", operation["id"])
+    assert live_engine.state()["cut"] == job.target["cut"]
