@@ -94,12 +94,16 @@ def _written_rows(t: torch.Tensor, like: torch.Tensor, name: str) -> torch.Tenso
     return rows
 
 
-def _launch_shape(width: int, parts: int = 1) -> tuple[int, int]:
-    """BLOCK covers the row; about four elements a thread, up to eight warps, or sixteen where the row sums parts
-    (more loads in flight: 1.9 us against 2.7 at 8 warps for nine parts at width 2048 on the H200, benchmarks/
-    decode_tiles.py; a plain row is no faster past 8)."""
+DECODE_ROWS = 512  # the largest decode batch (engine/graphs.py's ladder): fewer rows than this are a decode step's
+
+
+def _launch_shape(width: int, parts: int = 1, rows: int = 1) -> tuple[int, int]:
+    """BLOCK covers the row; about four elements a thread, up to eight warps, or sixteen where a decode step's rows
+    sum parts (more loads in flight: 1.9 us against 2.7 at 8 warps for one row of nine parts at width 2048 on the
+    H200, benchmarks/decode_tiles.py; a plain row is no faster past 8). Prefill keeps the 8 warps it was measured
+    with: its thousands of rows fill the card either way."""
     block = triton.next_power_of_2(width)
-    return block, min(16 if parts > 1 else 8, max(1, block // 128))
+    return block, min(16 if parts > 1 and rows <= DECODE_ROWS else 8, max(1, block // 128))
 
 
 def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool,
@@ -121,7 +125,8 @@ def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centr
     else:
         rs = _as_rows(residual)
         qs = _written_rows(residual if residual_out is None else residual_out, like, "residual_out")
-    rows, (block, warps) = os_.shape[0] * os_.shape[1], _launch_shape(width, x.shape[-2] if parts else 1)
+    rows = os_.shape[0] * os_.shape[1]
+    block, warps = _launch_shape(width, x.shape[-2] if parts else 1, rows)
     if rows == 0:  # an empty batch: nothing to launch
         return out
     _rms_norm_kernel[(rows,)](
