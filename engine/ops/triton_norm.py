@@ -94,7 +94,7 @@ def _written_rows(t: torch.Tensor, like: torch.Tensor, name: str) -> torch.Tenso
     return rows
 
 
-DECODE_ROWS = 512  # the largest decode batch (engine/graphs.py's ladder): fewer rows than this are a decode step's
+FEW_ROWS = 512  # a decode batch's rows at most; a prefill chunk's are thousands
 
 
 def _launch_shape(width: int, parts: int = 1, rows: int = 1) -> tuple[int, int]:
@@ -103,7 +103,7 @@ def _launch_shape(width: int, parts: int = 1, rows: int = 1) -> tuple[int, int]:
     H200, benchmarks/decode_tiles.py; a plain row is no faster past 8). Prefill keeps the 8 warps it was measured
     with: its thousands of rows fill the card either way."""
     block = triton.next_power_of_2(width)
-    return block, min(16 if parts > 1 and rows <= DECODE_ROWS else 8, max(1, block // 128))
+    return block, min(16 if parts > 1 and rows <= FEW_ROWS else 8, max(1, block // 128))
 
 
 def triton_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_centred: bool,
