@@ -1,7 +1,8 @@
 """The planner's prediction beside what each rank really allocated, rank by rank.
 
 Pool tokens, weights and state are compared exactly (the engine's own verification). On CUDA the real overhead of a
-rank (NVML's figure for its process minus what it holds resident) replaces the rig file's overhead in the planner's
+rank (NVML's figure for its process minus what it holds resident and its decode graphs' pool, which the planner
+prices as workspace) replaces the rig file's overhead in the planner's
 own row, and the planner's own arithmetic then says how many tokens the rank could really hold and which rank would
 really bind: the real pool against the predicted one.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from solvers.capacity import PoolResult
+from solvers.capacity import PoolResult, RankBudget
 from solvers.census import ModelCensus
 
 
@@ -19,19 +20,28 @@ def resident_bytes(measured: dict) -> int:
             + measured["state_pool_bytes"])
 
 
-def real_overhead(overhead: int, measured: dict) -> tuple[int, str]:
-    """What the rank really spends beyond what it holds resident: NVML's process figure on CUDA, else the rig's."""
+def graph_pool_bytes(measured: dict) -> int:
+    """What the private pools of the rank's CUDA graphs reserve (0 where the rank did not report its pools)."""
+    return ((measured.get("allocator_pools") or {}).get("graphs") or {}).get("reserved", 0)
+
+
+def real_overhead(budget: RankBudget, measured: dict) -> tuple[int, str]:
+    """What the rank really spends beyond what it holds resident: NVML's process figure on CUDA, else the rig's.
+    The decode graphs' pool is workspace (docs/domain.md §4), which the planner's row already subtracts: up to the
+    planned workspace it is not overhead; beyond it, it is."""
     process = measured.get("process_used_bytes")
     if process is None:
-        return overhead, "the rig's overhead (no device reading)"
-    return process - resident_bytes(measured), "NVML process memory - resident weights, pools and arena"
+        return budget.overhead_bytes, "the rig's overhead (no device reading)"
+    graphs = min(graph_pool_bytes(measured), budget.workspace_bytes)
+    return (process - resident_bytes(measured) - graphs,
+            "NVML process memory - resident weights, pools and arena - the graphs' pool within the workspace")
 
 
 def compare(prediction: PoolResult, measured: list[dict], probes: list | None = None) -> dict:
     """Predicted vs allocated per rank, and the pool and binding rank the real figures give."""
     rows, allowed_real = [], {}
     for budget, got, probe in zip(prediction.ranks, measured, probes or [None] * len(measured), strict=True):
-        overhead, source = real_overhead(budget.overhead_bytes, got)
+        overhead, source = real_overhead(budget, got)
         real = replace(budget, overhead_bytes=overhead)
         if budget.attention_layers:
             allowed_real[budget.rank] = real.allowed_tokens
@@ -45,6 +55,7 @@ def compare(prediction: PoolResult, measured: list[dict], probes: list | None = 
             "kv_bytes": {"predicted": (prediction.pool_tokens or 0) * budget.cell_bytes,
                          "allocated": got["kv_pool_bytes"]},
             "overhead": {"rig": budget.overhead_bytes, "real": overhead, "source": source},
+            "workspace": {"predicted": budget.workspace_bytes, "graphs": graph_pool_bytes(got)},
             "allowed_tokens": {"predicted": budget.allowed_tokens, "real": real.allowed_tokens},
         }
         if "device_allocated_bytes" in got:
@@ -79,7 +90,8 @@ def cuda_terms(budget: int, got: dict, probe: dict | None) -> dict:
              "context": None if process is None else process - reserved,
              "real_free": None if process is None else budget - process,
              "peak_allocated_during_build": got.get("build_peak_allocated_bytes"),
-             "nvml_error": got.get("nvml_error"), "allocator_conf": got.get("allocator_conf")}
+             "nvml_error": got.get("nvml_error"), "allocator_conf": got.get("allocator_conf"),
+             "pools": got.get("allocator_pools")}
     if isinstance(probe, dict):
         terms["probe_headroom"] = probe["headroom_bytes"]
     elif probe is not None:

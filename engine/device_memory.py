@@ -17,6 +17,7 @@ ALLOCATOR_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 # One growing segment mapped in 2 MiB pages instead of fixed 2 / 20 MiB segments: the tail of each segment is
 # memory the rank holds but never allocates (39 MB of it on the reference rig's binding rank on the H200).
 EXPANDABLE = "expandable_segments:True"
+FREE_BLOCKS_LISTED = 40  # the largest free blocks of a pool, for the record
 
 
 def prefer_expandable_segments() -> str:
@@ -45,6 +46,28 @@ def cuda_memory(device: torch.device) -> dict:
     except Exception as error:  # NVML missing or refused: say so rather than guess
         figures["nvml_error"] = str(error)
     return figures
+
+
+def allocator_pools(device: torch.device) -> dict:
+    """torch's allocator pool by pool, from its snapshot: the default pool (weights, pools, cuBLAS's workspace) apart
+    from the private pools CUDA graphs were captured into (the planner's workspace), with the free blocks that sit in
+    mapped pages (what the rank holds but no tensor uses: the allocator's slack)."""
+    pools = {name: {"reserved": 0, "allocated": 0, "segments": 0, "small_reserved": 0,
+                   "free_blocks": []}
+             for name in ("default", "graphs")}
+    for segment in torch.cuda.memory_snapshot():
+        if segment["device"] != (device.index or 0):
+            continue
+        pool = pools["default" if tuple(segment["segment_pool_id"]) == (0, 0) else "graphs"]
+        pool["reserved"] += segment["total_size"]
+        pool["allocated"] += segment["allocated_size"]
+        pool["segments"] += 1
+        pool["small_reserved"] += segment["total_size"] if segment["segment_type"] == "small" else 0
+        pool["free_blocks"] += [block["size"] for block in segment["blocks"] if block["state"] == "inactive"]
+    for pool in pools.values():
+        free = sorted(pool.pop("free_blocks"), reverse=True)
+        pool.update(free_count=len(free), free_bytes=sum(free), largest_free_blocks=free[:FREE_BLOCKS_LISTED])
+    return pools
 
 
 def pin_host_buffer(buffer: torch.Tensor) -> str | None:

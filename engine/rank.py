@@ -22,6 +22,7 @@ from engine.context import StepPlan
 from engine.device_memory import (
     ALLOCATOR_CONF,
     MemoryReader,
+    allocator_pools,
     cap_cuda_memory,
     cuda_memory,
     prefer_expandable_segments,
@@ -142,6 +143,7 @@ class RankWorker:
         measured["unpinned"] = {str(list(cut)): why for cut, why in self.arena.unpinned.items()}
         if self.device.type == "cuda":
             measured["build_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            measured["allocator_pools"] = allocator_pools(self.device)
         return measured
 
     def _pools(self, layers: range, layout: RankLayout, device: torch.device | str) -> tuple[KVPool, StatePool]:

@@ -5,6 +5,8 @@ One slot per concurrent sequence (max_num_seqs): a fixed residency, never a per-
 
 from __future__ import annotations
 
+from math import prod
+
 import torch
 
 from engine.caches import conv_state_shape, recurrent_state_shape
@@ -17,15 +19,22 @@ class StatePool:
                  device: torch.device | str = "cpu"):
         self.num_slots = num_slots
         self.linear_layers = [i for i in layers if config.layer_kind(i) == LayerKind.LINEAR_ATTENTION]
+        recurrent_shape, conv_shape = recurrent_state_shape(config, num_slots), conv_state_shape(config, num_slots)
+        recurrent_size, conv_size, layers_held = prod(recurrent_shape), prod(conv_shape), len(self.linear_layers)
+        # One allocation for every layer's states, like the KV pool's: a rebuild then frees one block and allocates
+        # one, instead of two tensors a layer scattered through the allocator's pages. The recurrent states come
+        # first, each a whole number of key x value head blocks, so each starts aligned; the small conv states follow.
+        self._buffer = torch.zeros(layers_held * (recurrent_size + conv_size), dtype=dtype, device=device)
+        conv_start = layers_held * recurrent_size
         self._states = {
-            index: (torch.zeros(conv_state_shape(config, num_slots), dtype=dtype, device=device),
-                    torch.zeros(recurrent_state_shape(config, num_slots), dtype=dtype, device=device))
-            for index in self.linear_layers
+            index: (self._buffer[conv_start + i * conv_size:conv_start + (i + 1) * conv_size].view(conv_shape),
+                    self._buffer[i * recurrent_size:(i + 1) * recurrent_size].view(recurrent_shape))
+            for i, index in enumerate(self.linear_layers)
         }
 
     @property
     def bytes(self) -> int:
-        return sum(c.numel() * c.element_size() + r.numel() * r.element_size() for c, r in self._states.values())
+        return self._buffer.numel() * self._buffer.element_size()
 
     def state(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._states[layer_index]
