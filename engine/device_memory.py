@@ -52,7 +52,7 @@ def allocator_pools(device: torch.device) -> dict:
     """torch's allocator pool by pool, from its snapshot: the default pool (weights, pools, cuBLAS's workspace) apart
     from the private pools CUDA graphs were captured into (the planner's workspace), with the free blocks that sit in
     mapped pages (what the rank holds but no tensor uses: the allocator's slack)."""
-    pools = {name: {"reserved": 0, "allocated": 0, "segments": 0, "small_reserved": 0,
+    pools = {name: {"reserved": 0, "allocated": 0, "segments": 0, "expandable_segments": 0, "small_reserved": 0,
                    "free_blocks": []}
              for name in ("default", "graphs")}
     for segment in torch.cuda.memory_snapshot():
@@ -62,6 +62,7 @@ def allocator_pools(device: torch.device) -> dict:
         pool["reserved"] += segment["total_size"]
         pool["allocated"] += segment["allocated_size"]
         pool["segments"] += 1
+        pool["expandable_segments"] += int(bool(segment.get("is_expandable")))
         pool["small_reserved"] += segment["total_size"] if segment["segment_type"] == "small" else 0
         pool["free_blocks"] += [block["size"] for block in segment["blocks"] if block["state"] == "inactive"]
     for pool in pools.values():

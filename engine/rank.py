@@ -8,6 +8,7 @@ for its new attention layers, and enforces the rank's budget before it replaces 
 
 from __future__ import annotations
 
+import gc
 import os
 import traceback
 from dataclasses import dataclass
@@ -135,6 +136,7 @@ class RankWorker:
             # The layers and pools let go are back with the card before the rank measures itself: NVML then sees
             # what the rank holds (on the H200 the old model, still referenced, and the allocator's cache of the old
             # pools read as up to 4.4 GB a rank after a cut change).
+            gc.collect()  # whatever the old layout left in reference cycles goes now, not at some later step
             torch.cuda.empty_cache()
         measured = self._measure(model, kv_pool, state_pool, layout)
         measured["loaded_layers"] = loaded

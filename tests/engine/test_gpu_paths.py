@@ -256,30 +256,38 @@ def test_cuda_graphs_give_the_eager_tokens(reference_checkpoint):
     assert outs[0] == outs[1]
 
 
+def _served_rank(folder: Path, llm, max_num_seqs: int = 4):
+    """A served rank (RankWorker, what `engine serve` runs) holding the whole of `llm`'s model, built at its layout."""
+    from engine.config import ModelConfig
+    from engine.host_image import HostImage
+    from engine.rank import RankLayout, RankWorker
+
+    config, plan = ModelConfig.from_pretrained(folder), llm.plan
+    row = plan.ranks[0]
+    worker = RankWorker(0, 1, config, HostImage.build(folder), torch.device("cuda"))
+    kv_dtype, state_dtype = (llm.shape.kv_dtype or config.dtype), (llm.shape.state_dtype or config.dtype)
+    layout = RankLayout(plan.cut, plan.pool_tokens, llm.shape.block_size, max_num_seqs, kv_dtype, state_dtype,
+                        row.budget_bytes, row.overhead_bytes, row.workspace_bytes, row.floor.bytes, row.margin_bytes,
+                        max_model_len=256)
+    return worker, layout
+
+
 @cuda
 def test_a_served_rank_runs_the_llm_runner_with_decode_graphs(tmp_path):
-    """One engine path: a served rank (RankWorker, what `engine serve` runs) captures decode graphs at its build and
-    yields `LLM`'s greedy tokens, step by step through the same StepPlans."""
+    """One engine path: a served rank captures decode graphs at its build and yields `LLM`'s greedy tokens, step by
+    step through the same StepPlans."""
     from engine_checkpoints import reference_model, save_checkpoint
 
-    from engine.config import ModelConfig
     from engine.context import StepPlan
     from engine.graphs import graph_sizes
-    from engine.host_image import HostImage
     from engine.llm import LLM
-    from engine.rank import RankLayout, RankWorker
     from engine.sampler import SamplingParams
 
     folder = save_checkpoint(reference_model("qwen3_next_moe").to(torch.bfloat16), tmp_path / "bf16")
     llm = LLM(folder, device="cuda", dtype=torch.bfloat16, memory="256MiB", max_model_len=256, max_num_seqs=4)
     assert llm.runner.graphs is not None
-    config, plan = ModelConfig.from_pretrained(folder), llm.plan
-    row = plan.ranks[0]
-    worker = RankWorker(0, 1, config, HostImage.build(folder), torch.device("cuda"))
-    kv_dtype, state_dtype = (llm.shape.kv_dtype or config.dtype), (llm.shape.state_dtype or config.dtype)
-    worker.build(RankLayout(plan.cut, plan.pool_tokens, llm.shape.block_size, 4, kv_dtype, state_dtype,
-                            row.budget_bytes, row.overhead_bytes, row.workspace_bytes, row.floor.bytes,
-                            row.margin_bytes, max_model_len=256))
+    worker, layout = _served_rank(folder, llm)
+    worker.build(layout)
     assert worker.runner.graphs is not None and worker.runner.graphs.sizes == graph_sizes(4)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     seqs = [llm.submit(prompt, params) for prompt in ([5, 6, 7, 8], list(range(20, 41)), [9])]
@@ -292,3 +300,22 @@ def test_a_served_rank_runs_the_llm_runner_with_decode_graphs(tmp_path):
         ours.append(logits.argmax)
         llm.scheduler.commit(batch, {s.seq_id: t for s, t in zip(batch.seqs, logits.argmax, strict=True)})
     assert served == ours and all(len(s.output_ids) == 10 for s in seqs)
+
+
+@cuda
+def test_a_rebuild_holds_no_more_than_the_build_before(tmp_path):
+    """A rebuild (every live change is one) captures the decode graphs again and leaves nothing of the old layout
+    behind: on the H200 rig each rebuild once held 134 MB more, a cuBLAS workspace for every warm-up stream."""
+    from engine_checkpoints import reference_model, save_checkpoint
+
+    from engine.llm import LLM
+
+    folder = save_checkpoint(reference_model("qwen3_next_moe").to(torch.bfloat16), tmp_path / "bf16")
+    llm = LLM(folder, device="cuda", dtype=torch.bfloat16, memory="256MiB", max_model_len=256, max_num_seqs=4)
+    worker, layout = _served_rank(folder, llm)
+    held = [worker.build(layout)["device_allocated_bytes"] for _ in range(3)]
+    assert held[2] - held[0] <= 1 << 20, held
+    measured = worker.build(layout)
+    pools = measured["allocator_pools"]  # the snapshot's pools add up to the allocator's own figure
+    assert pools["graphs"]["reserved"] > 0
+    assert pools["default"]["allocated"] + pools["graphs"]["allocated"] == measured["device_allocated_bytes"]
