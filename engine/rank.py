@@ -32,7 +32,7 @@ from engine.device_memory import (
 from engine.errors import EngineError
 from engine.host_image import HostImage
 from engine.kv_pool import KVPool
-from engine.layers.merge import merge_projections
+from engine.layers.merge import materialize, merge_projections
 from engine.loader import build_model
 from engine.models import RangeCausalLM
 from engine.pipeline import TransportError, close_group, init_group, recv_hidden, send_hidden
@@ -162,19 +162,39 @@ class RankWorker:
         for part in ("embed_tokens", "norm", "lm_head"):
             if old is not None and getattr(model, part) is not None and getattr(old, part) is not None:
                 setattr(model, part, getattr(old, part))
-        fresh = [name for name, p in model.named_parameters(remove_duplicate=False) if p.device.type == "meta"]
-        tied = self.config.tie_word_embeddings
-        for name in fresh:
-            source = "embed_tokens.weight" if name == "lm_head.weight" and tied else name
-            tensor = self.image.tensor(source).to(self.device, copy=True)
-            if self.corrupt_arrivals and self.builds > 0:
-                tensor.view(-1)[0] += 1.0
-                self.corrupt_arrivals = False
-            self.image.verify(source, tensor)
+        fresh: dict[str, list[str]] = {}  # a layer (or "" for the model's own parts) -> its parameters to load
+        for name, param in model.named_parameters(remove_duplicate=False):
+            if param.device.type == "meta":
+                fresh.setdefault(".".join(name.split(".")[:2]) if name.startswith("layers.") else "", []).append(name)
+        for name in fresh.pop("", []):
             module_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(tensor, requires_grad=False))
+            entry = self.image.entry(self._source(name))
+            target = torch.empty(entry.shape, dtype=entry.dtype, device=self.device)
+            self._arrive(name, target)
+            setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(target, requires_grad=False))
+        for owner in fresh:
+            # Merged before anything is allocated, then placed: each merged tensor is allocated once and filled in
+            # place, with no originals to free (engine/layers/merge.py, materialize).
+            layer = model.get_submodule(owner)
+            merge_projections(layer)
+            for name, param in materialize(layer, self.device):
+                self._arrive(f"{owner}.{name}", param)
         model.tie_weights()
-        return sorted({int(n.split(".")[1]) for n in fresh if n.startswith("layers.")})
+        return sorted(int(owner.split(".")[1]) for owner in fresh)
+
+    def _source(self, name: str) -> str:
+        return "embed_tokens.weight" if name == "lm_head.weight" and self.config.tie_word_embeddings else name
+
+    def _arrive(self, name: str, target: torch.Tensor) -> None:
+        """Copy one parameter from the host image into `target` on the device and check it against the image's
+        checksum (`target` may be a view of a merged tensor)."""
+        source = self._source(name)
+        with torch.no_grad():
+            target.copy_(self.image.tensor(source))
+            if self.corrupt_arrivals and self.builds > 0:
+                target.view(-1)[0] += 1.0
+                self.corrupt_arrivals = False
+        self.image.verify(source, target)
 
     def _measure(self, model: RangeCausalLM, kv_pool: KVPool, state_pool: StatePool, layout: RankLayout) -> dict:
         weights = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -51,8 +51,9 @@ class Attention(nn.Module):
     def merge_projections(self) -> None:
         """Stack q_proj, k_proj and v_proj (weights, and biases where present) so one GEMM computes all three."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_weight = stack_rows([p.weight for p in projections])
-        self.qkv_bias = stack_rows([p.bias for p in projections]) if self.q_proj.bias is not None else None
+        self.qkv_weight = stack_rows([p.weight for p in projections], self.qkv_weight)
+        if self.q_proj.bias is not None:
+            self.qkv_bias = stack_rows([p.bias for p in projections], self.qkv_bias)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_weight is None:

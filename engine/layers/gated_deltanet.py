@@ -52,7 +52,7 @@ class GatedDeltaNet(nn.Module):
     def merge_projections(self) -> None:
         """One GEMM for both input projections: their rows stacked, qkvz first (each keeps its per-key-head grouping);
         the parameters become views of the merged tensor."""
-        self.in_proj_merged = stack_rows([self.in_proj_qkvz.weight, self.in_proj_ba.weight])
+        self.in_proj_merged = stack_rows([self.in_proj_qkvz.weight, self.in_proj_ba.weight], self.in_proj_merged)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """qkvz [T, k_heads, 2 k_dim + 2 per_key v_dim] and ba [T, k_heads, 2 per_key], grouped per key head (views of

@@ -63,6 +63,34 @@ def _are_rows_of(merged: torch.Tensor, params: list[nn.Parameter]) -> bool:
     return offset == merged.shape[0]
 
 
+def materialize(module: nn.Module, device: torch.device | str) -> list[tuple[str, torch.Tensor]]:
+    """Give a module merged on the meta device its storage on `device`: one allocation per storage (a merged tensor
+    with every parameter that views it, or a parameter of its own), every tensor rebound as the same view of it.
+    Returns the parameters by name, empty, for the caller to fill.
+
+    Merging weights already on the device allocates each merged tensor beside its originals and then frees them: a
+    hole per merge between weights that stay, each holding part of an allocator chunk that can never be given back.
+    """
+    storages: dict[int, torch.Tensor] = {}
+
+    def placed(tensor: torch.Tensor) -> torch.Tensor:
+        key = tensor.untyped_storage()._cdata  # the storage's identity: every meta tensor's data_ptr is 0
+        if key not in storages:
+            storages[key] = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8, device=device)
+        storage = storages[key].untyped_storage()
+        return torch.empty(0, dtype=tensor.dtype, device=device).set_(storage, tensor.storage_offset(), tensor.shape,
+                                                                        tensor.stride())
+
+    for submodule in module.modules():
+        for name, value in list(vars(submodule).items()):
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.is_meta:
+                setattr(submodule, name, placed(value))  # a merged tensor held as a plain attribute
+        for name, param in list(submodule._parameters.items()):
+            if param is not None and param.is_meta:
+                submodule._parameters[name] = nn.Parameter(placed(param), requires_grad=False)
+    return list(module.named_parameters(remove_duplicate=False))
+
+
 def merge_projections(model: nn.Module) -> None:
     """Merge the projections of every module that knows how (a `merge_projections()` method of its own)."""
     for module in model.modules():
