@@ -42,7 +42,7 @@ from solvers.rig import Rig, load_rig  # noqa: E402
 # back to the incumbent. Refused: a pool too small for one sequence, and a rank over its budget (two reasons).
 FULL = {"config": "reference-hybrid-64", "overrides": {}, "rig": "reference-h200", "incumbent": [28, 20, 16],
         "moves": [[30, 17, 17], [31, 16, 17], [32, 15, 17], [33, 15, 16], [28, 20, 16]],
-        "refused": [[27, 21, 16], [26, 22, 16]], "shape": {"max_num_seqs": 4, "max_model_len": 49152},
+        "refused": [[27, 21, 16], [26, 22, 16]], "shape": {"max_num_seqs": 4, "max_model_len": 40960},
         "prompt": 512, "tokens": 24, "width": 4,
         # two rung images of the full model would not fit the host's RAM: the bench model's size (48 layers)
         "ladder": {"overrides": {"num_hidden_layers": 48, "num_experts": 32}, "rungs": [[16, 16, 16], [18, 15, 15]]},

@@ -85,6 +85,17 @@ def cap_cuda_memory(device: torch.device, memory_bytes: int) -> None:
     torch.cuda.set_per_process_memory_fraction(min(1.0, memory_bytes / total), device)
 
 
+def reserve_blas_workspaces(device: torch.device) -> None:
+    """Have cuBLAS make its workspaces now, before any weight arrives. torch keeps them (32 MiB each on the H200) for
+    the life of the process; made lazily in the first forward, one landed between that step's activations and held
+    a partly used 20 MiB allocator chunk for good once they were freed."""
+    square = torch.ones(16, 16, dtype=torch.bfloat16, device=device)
+    torch.nn.functional.linear(square, square)
+    torch.nn.functional.linear(square, square, square[0])
+    square.float() @ square.float()
+    torch.cuda.synchronize(device)
+
+
 class MemoryReader:
     """cuda_memory at most every READ_EVERY_S (None in between, and always None off CUDA)."""
 

@@ -28,6 +28,7 @@ from engine.device_memory import (
     cuda_memory,
     prefer_expandable_segments,
     probe_headroom,
+    reserve_blas_workspaces,
 )
 from engine.errors import EngineError
 from engine.host_image import HostImage
@@ -239,6 +240,7 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
         torch.cuda.memory._set_allocator_settings(prefer_expandable_segments())
         torch.cuda.set_device(target)
         cap_cuda_memory(target, memory_bytes)
+        reserve_blas_workspaces(target)
     init_group(rank, world, init_method, target, shared_device=shared_device)
     worker = RankWorker(rank, world, ModelConfig.from_pretrained(checkpoint), image, target)
     memory = MemoryReader(target)
