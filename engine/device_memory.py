@@ -14,8 +14,9 @@ import torch
 
 READ_EVERY_S = 0.25  # telemetry runs at a few Hz: fresher figures would only cost NVML calls
 ALLOCATOR_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-# One growing segment mapped in 2 MiB pages instead of fixed 2 / 20 MiB segments: the tail of each segment is
-# memory the rank holds but never allocates (39 MB of it on the reference rig's binding rank on the H200).
+# One growing segment a stream instead of fixed 2 / 20 MiB segments, whose unused tails the rank held and never
+# allocated (39 MB of it on the reference rig's binding rank on the H200). It still maps large allocations in 20 MiB
+# chunks and gives back only whole ones: a hole beside a tensor that stays keeps part of a chunk.
 EXPANDABLE = "expandable_segments:True"
 FREE_BLOCKS_LISTED = 40  # the largest free blocks of a pool, for the record
 
