@@ -101,18 +101,19 @@ def cuda_terms(budget: int, got: dict, probe: dict | None) -> dict:
 
 
 def transition(census: ModelCensus, before: PoolResult, after: PoolResult) -> list[dict]:
-    """Per rank, the most a rebuild holds at once, against the rank's budget. A rebuild keeps its old layers until
-    the end and loads the layers it gains while the old pools are still held; then the old pools go and the new
-    ones are allocated. Keeping the old pools beside the new (how the H200 rig ran out of memory) would hold more."""
+    """Per rank, the most a rebuild holds at once, against what the rank can allocate. A rebuild lets go of the pools
+    and the layers the new layout does not keep before anything arrives (engine/rank.py), so it holds at most the
+    larger of its two layouts. Keeping the old pools beside the new, with the gained layers loaded first (how the
+    H200 rig ran out of memory on 2026-12-02), would hold `peak_holding_both`."""
     rows = []
     for old, new in zip(before.ranks, after.ranks, strict=True):
         gained = sum(census.layer_weight_bytes(i) for i in set(range(*new.layers)) - set(range(*old.layers)))
         old_pools = (before.pool_tokens or 0) * old.cell_bytes + old.state_bytes
         new_pools = (after.pool_tokens or 0) * new.cell_bytes + new.state_bytes
-        weights = old.weights_bytes + gained
         allocatable = old.budget_bytes - old.overhead_bytes
-        rows.append({"rank": old.rank, "allocatable": allocatable, "old_weights_plus_gained": weights,
-                     "old_pools": old_pools, "new_pools": new_pools, "peak": weights + max(old_pools, new_pools),
-                     "peak_holding_both": weights + old_pools + new_pools,
-                     "both_would_not_fit": weights + old_pools + new_pools > allocatable})
+        holding_both = old.weights_bytes + gained + old_pools + new_pools
+        rows.append({"rank": old.rank, "allocatable": allocatable, "gained": gained, "old_pools": old_pools,
+                     "new_pools": new_pools, "old": old.weights_bytes + old_pools, "new": new.weights_bytes + new_pools,
+                     "peak": max(old.weights_bytes + old_pools, new.weights_bytes + new_pools),
+                     "peak_holding_both": holding_both, "both_would_not_fit": holding_both > allocatable})
     return rows

@@ -73,6 +73,9 @@ def warmup(driver: PipelineDriver, prompt: int, tokens: int, width: int, out: di
         handle.wait()
     out.update(seconds=time.perf_counter() - started, finish_reasons=[h.finish_reason for h in handles],
                errors=[h.error for h in handles if h.error])
+    # The start was measured before the first request; a rank that has served holds its whole CUDA context (the
+    # prefill kernels load at the first request), which is what the planner's overhead prices: measured again now.
+    out["compare"] = compare(driver.prediction, driver.ranks.call_all("measure", [None] * driver.rig.size))
 
 
 def refused_by_engine(driver: PipelineDriver, cuts: list[list[int]], out: list) -> None:

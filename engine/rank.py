@@ -1,9 +1,9 @@
 """One rank process: its layer range of the model, its KV and state pools, and its byte budget.
 
-The driver sends it messages over a pipe ("build" a layout, run a "step", "stop"); activations
-travel rank to rank over torch.distributed. A build keeps the modules of layers that stay, fills
-layers it gains from the shared host image with a checksum check on arrival, rebuilds the pools
-for its new attention layers, and enforces the rank's budget before it replaces anything.
+The driver sends it messages over a pipe ("build" a layout, run a "step", "measure" itself, "probe", "stop");
+activations travel rank to rank over torch.distributed. A build keeps the modules of layers that stay, fills layers
+it gains from the shared host image with a checksum check on arrival, rebuilds the pools for its new attention
+layers, and enforces the rank's budget before it replaces anything.
 """
 
 from __future__ import annotations
@@ -96,13 +96,35 @@ class RankWorker:
         return self.state_pool.state(layer_index)
 
     def build(self, layout: RankLayout) -> dict:
-        """Become `layout`; on any failure the previous model and pools stay exactly as they were."""
+        """Become `layout`. A layout under the rank's floor is refused before anything changes; a build that fails
+        after that leaves the rank holding nothing to serve, and the driver restores by building the previous
+        layout again (its layers copied back from the host image)."""
         if self.die_in_reconfiguration and self.builds > 0:
             os._exit(17)  # fault injection: this rank dies in the middle of an operation
         layers = layout.layer_range(self.rank)
         if self.device.type == "cuda":  # the build's own peak is reported: a transition must fit the cap too
             torch.cuda.reset_peak_memory_stats(self.device)
         model = build_model(self.config, layers.start, layers.stop, device="meta")
+        model.tie_weights()  # a tied head counts once in the budget, as once loaded
+        # The budget check prices the whole new layout on the meta device: a refused one leaves the running one
+        # untouched.
+        planned = self._measure(model, *self._pools(layers, layout, "meta"), layout)
+        if planned["free_bytes"] < layout.floor_bytes + layout.margin_bytes:
+            raise EngineError(
+                f"rank {self.rank} cannot clear its arming floor at cut {list(layout.cut)}: free "
+                f"{planned['free_bytes']} B < floor {layout.floor_bytes} B + margin {layout.margin_bytes} B")
+        # Then what the new layout does not keep goes before anything arrives: the old pools (holding both did not
+        # fit rank 1 of the reference rig on the H200, moving [28,20,16] -> [30,17,17]), the decode graphs that hold
+        # their addresses, and the layers it drops. A rebuild so holds at most the larger of its two layouts, and
+        # what arrives can take the places they leave, instead of leaving holes beside weights that stay (each
+        # keeps part of a 20 MiB allocator chunk: docs/engine.md). The pools' contents are never needed again:
+        # running sequences were preempted.
+        kept, self.model = self.model, None
+        self.runner = self.kv_pool = self.state_pool = None
+        if not layout.rung:  # a rung's weights are all views of the arena, refilled whole
+            self._keep(model, kept)
+        del kept
+        self._hand_back()
         switch_s = None
         if layout.rung:
             corrupt = self.corrupt_arrivals and self.builds > 0
@@ -113,19 +135,6 @@ class RankWorker:
             loaded = self._fill(model)
             self.arena.release()
             merge_projections(model)  # arena weights stay where the arena holds them: a rung runs them unmerged
-        # The budget check prices the new pools on the meta device, before any is allocated: a refused layout
-        # leaves the running one untouched.
-        planned = self._measure(model, *self._pools(layers, layout, "meta"), layout)
-        if planned["free_bytes"] < layout.floor_bytes + layout.margin_bytes:
-            raise EngineError(
-                f"rank {self.rank} cannot clear its arming floor at cut {list(layout.cut)}: free "
-                f"{planned['free_bytes']} B < floor {layout.floor_bytes} B + margin {layout.margin_bytes} B")
-        # The old pools go before the new ones arrive: holding both at once does not fit a rank whose pool grows
-        # (seen on the H200: rank 1 of the reference rig ran out of its 20 GiB moving [28,20,16] -> [30,17,17]).
-        # Their contents are never needed again: running sequences were preempted, and a failure restores by
-        # rebuilding the previous layout's pools from scratch.
-        # The decode graphs hold the old pools' addresses and their own memory: they go with the pools.
-        self.runner = self.kv_pool = self.state_pool = None
         kv_pool, state_pool = self._pools(layers, layout, self.device)
         self.model, self.kv_pool, self.state_pool, self.layout = model, kv_pool, state_pool, layout
         self.builds += 1
@@ -133,20 +142,25 @@ class RankWorker:
         self.runner = ModelRunner.prepare(model, self, self.device, block_size=layout.block_size,
                                           max_num_seqs=layout.num_slots, max_model_len=layout.max_model_len,
                                           cuda_graphs=layout.max_model_len > 0)
-        if self.device.type == "cuda":
-            # The layers and pools let go are back with the card before the rank measures itself: NVML then sees
-            # what the rank holds (on the H200 the old model, still referenced, and the allocator's cache of the old
-            # pools read as up to 4.4 GB a rank after a cut change).
-            gc.collect()  # whatever the old layout left in reference cycles goes now, not at some later step
-            torch.cuda.empty_cache()
-        measured = self._measure(model, kv_pool, state_pool, layout)
+        measured = self.measure()
         measured["loaded_layers"] = loaded
         measured["switch_s"] = switch_s
         measured["copy_s"] = self.arena.copy_s if layout.rung else None
         measured["unpinned"] = {str(list(cut)): why for cut, why in self.arena.unpinned.items()}
         if self.device.type == "cuda":
             measured["build_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
-            measured["allocator_pools"] = allocator_pools(self.device)
+        return measured
+
+    def measure(self) -> dict:
+        """What the rank holds now against its layout, as a build reports it (on CUDA, the allocator pool by pool)."""
+        if self.device.type != "cuda":
+            return self._measure(self.model, self.kv_pool, self.state_pool, self.layout)
+        # What the rank let go is back with the card before it measures itself: NVML then sees what the rank holds
+        # (on the H200 the old model, still referenced, and the allocator's cache of the old pools read as up to
+        # 4.4 GB a rank after a cut change; once serving, the cached activations of its steps).
+        self._hand_back()
+        measured = self._measure(self.model, self.kv_pool, self.state_pool, self.layout)
+        measured["allocator_pools"] = allocator_pools(self.device)
         return measured
 
     def _pools(self, layers: range, layout: RankLayout, device: torch.device | str) -> tuple[KVPool, StatePool]:
@@ -154,15 +168,26 @@ class RankWorker:
                        device),
                 StatePool(self.config, layers, layout.num_slots, CACHE_DTYPES[layout.state_dtype], device))
 
-    def _fill(self, model: RangeCausalLM) -> list[int]:
-        """Reuse the modules of layers this rank already holds; copy the rest from the host image, verified."""
-        old = self.model
-        kept = set(old.layer_range) & set(model.layer_range) if old is not None else set()
-        for index in kept:
+    @staticmethod
+    def _keep(model: RangeCausalLM, old: RangeCausalLM | None) -> None:
+        """Move into `model` the modules of the layers (and embeddings, norm, head) `old` holds that it needs."""
+        if old is None:
+            return
+        for index in set(old.layer_range) & set(model.layer_range):
             model.layers[str(index)] = old.layers[str(index)]
         for part in ("embed_tokens", "norm", "lm_head"):
-            if old is not None and getattr(model, part) is not None and getattr(old, part) is not None:
+            if getattr(model, part) is not None and getattr(old, part) is not None:
                 setattr(model, part, getattr(old, part))
+
+    def _hand_back(self) -> None:
+        """Return what the rank let go to the card (on CUDA), reference cycles included, so it is really gone."""
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _fill(self, model: RangeCausalLM) -> list[int]:
+        """Copy the parameters `model` still has on the meta device from the host image, verified; the layers it
+        loaded."""
         fresh: dict[str, list[str]] = {}  # a layer (or "" for the model's own parts) -> its parameters to load
         for name, param in model.named_parameters(remove_duplicate=False):
             if param.device.type == "meta":
@@ -255,6 +280,8 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
                     conn.send(("ok", worker.build(payload)))
                 elif kind == "step":  # each reply carries fresh device memory figures every READ_EVERY_S
                     conn.send(("ok", (worker.step(payload), memory.read(), worker.timer.ms)))
+                elif kind == "measure":
+                    conn.send(("ok", worker.measure()))
                 elif kind == "probe":
                     conn.send(("ok", probe_headroom(target, payload) if target.type == "cuda" else None))
             except Exception as error:  # reported to the driver, which decides (roll back, restart the ranks, fail)

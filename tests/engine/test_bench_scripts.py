@@ -75,6 +75,18 @@ def test_every_cut_allocates_exactly_the_predicted_pool_and_binds_where_predicte
 
 
 @pytest.mark.slow
+def test_the_started_layout_is_compared_again_once_it_has_served(toy_run):
+    """The start is measured before the first request; the ranks measure themselves again after the warm-up."""
+    served = toy_run["warmup"]["compare"]
+    assert served["exact"] and served["pool_tokens"] == toy_run["start"]["compare"]["pool_tokens"]
+    assert [row["allowed_tokens"] for row in served["ranks"]] == \
+        [row["allowed_tokens"] for row in toy_run["start"]["compare"]["ranks"]]
+    rows = toy_run["summary"]["cuts"]
+    assert [row["status"] for row in rows[:2]] == ["started", "served"]
+    assert rows[1]["cut"] == rows[0]["cut"] == [7, 5, 4]
+
+
+@pytest.mark.slow
 def test_the_refused_cuts_are_refused_by_the_engine_with_the_planners_reasons(toy_run):
     for refused in (toy_run["refused_at_start"], toy_run["refused_by_engine"]):
         assert [row["cut"] for row in refused] == [[3, 12, 1], [1, 1, 14]]
@@ -324,9 +336,9 @@ def test_a_growing_rebuild_holds_the_new_pools_without_the_old(tmp_path):
     resident = _vm("VmRSS")
     worker.build(_layout(after, 0))
     grew = _vm("VmHWM") - resident
-    gained = rank0["old_weights_plus_gained"] - before.ranks[0].weights_bytes
     allowance = 4 << 20  # Python objects, module copies, the allocator's own pages
-    assert grew <= gained + max(0, rank0["new_pools"] - rank0["old_pools"]) + allowance
+    assert rank0["peak"] == rank0["new"] == rank0["old"] + rank0["gained"] + rank0["new_pools"] - rank0["old_pools"]
+    assert grew <= rank0["new"] - rank0["old"] + allowance  # no more than the larger layout
     assert rank0["old_pools"] > 4 * allowance  # keeping the old pools would have broken the bound above
 
 

@@ -62,7 +62,9 @@ def test_a_corrupted_arrival_is_caught_by_its_checksum(demo, monkeypatch):
     moved = CutPricer(config.census, load_rig("cpu-demo")).price((8, 4, 4))
     with pytest.raises(EngineError, match="checksum mismatch for layers.7"):
         worker.build(_layout(moved, 0))
-    assert worker.model.stop == 7  # still serving the previous layout
+    assert worker.model is None and worker.kv_pool is None  # nothing half built is left to serve
+    restored = worker.build(_layout(prediction, 0))  # the driver's rollback: the previous layout built again
+    assert worker.model.stop == 7 and restored["loaded_layers"] == list(range(7))  # every layer from the image
 
 
 def test_a_corrupted_arrival_in_the_arena_is_caught_on_the_device_side(demo, monkeypatch):
