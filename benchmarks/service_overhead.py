@@ -135,8 +135,9 @@ def main() -> None:
     cheapest = {stack: min(r["server_cpu_us_per_token"] for r in rows if (r["http"], r["loop"]) == stack)
                 for stack in STACKS}
     (base, base_us), (fast, fast_us) = cheapest.items()
-    print(f"server CPU per token: {'/'.join(base)} {base_us:.0f} us, {'/'.join(fast)} {fast_us:.0f} us "
-          f"({fast_us / base_us:.2f}x)")
+    # Process CPU time comes in clock ticks (10 ms): a short run can read none at all, and then has no ratio.
+    ratio = f"{fast_us / base_us:.2f}x" if base_us > 0 else "no ratio: the run was shorter than a CPU clock tick"
+    print(f"server CPU per token: {'/'.join(base)} {base_us:.0f} us, {'/'.join(fast)} {fast_us:.0f} us ({ratio})")
     if args.out:
         args.out.write_text(json.dumps({"ceiling_tok_s": ceiling, "rows": rows}, indent=1))
 
