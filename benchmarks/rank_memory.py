@@ -92,12 +92,15 @@ def main() -> None:
         resident = measured["weights_bytes"] + measured["kv_pool_bytes"] + measured["state_pool_bytes"]
         found = pins(torch.cuda.memory._snapshot())
         builds.append({"cut": cut, "seconds": seconds, "pools": measured["allocator_pools"], "pins": found,
+                       "slab_mapped_minus_resident": measured["slab_mapped_bytes"] - resident,
                        "allocated_minus_resident": measured["device_allocated_bytes"] - resident,
                        "reserved_minus_allocated": measured["device_reserved_bytes"]
                        - measured["device_allocated_bytes"],
                        "process_minus_resident": (measured.get("process_used_bytes") or 0) - resident})
         default = measured["allocator_pools"]["default"]
-        print(f"{list(cut)} built in {seconds:.1f} s: default pool slack "
+        print(f"{list(cut)} built in {seconds:.1f} s: process - resident "
+              f"{(builds[-1]['process_minus_resident']) / 2**20:.1f} MiB, slab - resident "
+              f"{builds[-1]['slab_mapped_minus_resident'] / 2**20:.2f} MiB, torch's default pool slack "
               f"{(default['reserved'] - default['allocated']) / 2**20:.1f} MiB in {default['free_count']} free blocks",
               flush=True)
         for frames, count in Counter(tuple(pin["allocated_at"][:2]) for pin in found).most_common(8):

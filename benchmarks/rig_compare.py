@@ -82,9 +82,11 @@ def measured_pool(measured: list[dict]) -> int | None:
 
 def cuda_terms(budget: int, got: dict, probe: dict | None) -> dict:
     """The real figures, term by term: allocator rounding, allocator slack, CUDA context, what is really free."""
-    allocated, reserved = got["device_allocated_bytes"], got["device_reserved_bytes"]
+    # The rank's slab (weights and pools, engine/slab.py) is mapped outside torch's allocator: counted in both.
+    slab = got.get("slab_mapped_bytes", 0)
+    allocated, reserved = got["device_allocated_bytes"] + slab, got["device_reserved_bytes"] + slab
     process = got.get("process_used_bytes")
-    terms = {"allocated": allocated, "reserved": reserved, "process_used": process,
+    terms = {"allocated": allocated, "reserved": reserved, "slab_mapped": slab, "process_used": process,
              "allocated_minus_resident": allocated - resident_bytes(got),
              "reserved_minus_allocated": reserved - allocated,
              "context": None if process is None else process - reserved,

@@ -17,6 +17,7 @@ sequence writes the slot from zeros, so a freed slot never needs clearing.
 
 from __future__ import annotations
 
+from math import prod
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -83,3 +84,14 @@ class InMemoryCaches:
 
     def state(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._state[layer_index]
+
+
+def pool_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
+                storage: torch.Tensor | None) -> torch.Tensor:
+    """A pool's zeroed tensor: on `storage` (bytes, exactly as many as the pool needs) where given, else its own."""
+    if storage is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = prod(shape) * dtype.itemsize
+    if storage.dtype != torch.uint8 or storage.numel() != nbytes:
+        raise ValueError(f"a pool of {nbytes} B cannot be built on {storage.numel()} {storage.dtype} elements")
+    return storage.view(dtype).view(shape).zero_()

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from engine.caches import kv_cache_shape
+from engine.caches import kv_cache_shape, pool_tensor
 from engine.config import ModelConfig
 from engine.errors import EngineError
 
 
 class KVPool:
     def __init__(self, config: ModelConfig, layers: range, pool_tokens: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype, device: torch.device | str = "cpu", storage: torch.Tensor | None = None):
         if pool_tokens % block_size:
             raise EngineError(f"KV pool of {pool_tokens} tokens is not a whole number of {block_size}-token blocks")
         self.block_size = block_size
@@ -25,7 +25,8 @@ class KVPool:
         shape = kv_cache_shape(config, self.num_blocks, block_size)
         # One allocation for every layer's K and V: the CUDA allocator rounds each tensor up to 2 MiB, which per
         # layer cost the binding rank of the reference rig 10 MB (~1,000 tokens) on the H200.
-        self._buffer = torch.zeros((len(self.attention_layers), 2, *shape), dtype=dtype, device=device)
+        # `storage`: the bytes to build on (a block of the rank's slab, engine/slab.py), else a tensor of its own.
+        self._buffer = pool_tensor((len(self.attention_layers), 2, *shape), dtype, device, storage)
         self._caches = {index: (self._buffer[i, 0], self._buffer[i, 1])
                         for i, index in enumerate(self.attention_layers)}
 

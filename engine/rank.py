@@ -3,7 +3,8 @@
 The driver sends it messages over a pipe ("build" a layout, run a "step", "measure" itself, "probe", "stop");
 activations travel rank to rank over torch.distributed. A build keeps the modules of layers that stay, fills layers
 it gains from the shared host image with a checksum check on arrival, rebuilds the pools for its new attention
-layers, and enforces the rank's budget before it replaces anything.
+layers, and enforces the rank's budget before it replaces anything. Weights and pools live packed in the rank's slab
+(engine/slab.py): the layers that stay move up or down in it, so no build leaves holes between them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import torch
+from torch import nn
 
 from engine.arena import Arena
 from engine.caches import CACHE_DTYPES
@@ -39,6 +41,7 @@ from engine.models import RangeCausalLM
 from engine.pipeline import TransportError, close_group, init_group, recv_hidden, send_hidden
 from engine.runner import ModelRunner
 from engine.sampler import StepLogits
+from engine.slab import Slab, held_tensors
 from engine.stage_timer import StageTimer
 from engine.state_pool import StatePool
 
@@ -77,6 +80,7 @@ class RankWorker:
         self.state_pool: StatePool | None = None
         self.layout: RankLayout | None = None
         self.arena = Arena(rank, config, image, device)
+        self.slab: Slab | None = None  # made at the first build, as large as the rank's budget
         # Fault injection for tests: corrupt what arrives on this rank from the image in the first
         # reconfiguration after start-up (the start-up build itself stays clean).
         self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
@@ -108,34 +112,45 @@ class RankWorker:
         model.tie_weights()  # a tied head counts once in the budget, as once loaded
         # The budget check prices the whole new layout on the meta device: a refused one leaves the running one
         # untouched.
-        planned = self._measure(model, *self._pools(layers, layout, "meta"), layout)
+        planned_pools = self._pools(layers, layout, "meta")
+        planned = self._measure(model, *planned_pools, layout)
         if planned["free_bytes"] < layout.floor_bytes + layout.margin_bytes:
             raise EngineError(
                 f"rank {self.rank} cannot clear its arming floor at cut {list(layout.cut)}: free "
                 f"{planned['free_bytes']} B < floor {layout.floor_bytes} B + margin {layout.margin_bytes} B")
-        # Then what the new layout does not keep goes before anything arrives: the old pools (holding both did not
-        # fit rank 1 of the reference rig on the H200, moving [28,20,16] -> [30,17,17]), the decode graphs that hold
-        # their addresses, and the layers it drops. A rebuild so holds at most the larger of its two layouts, and
-        # what arrives can take the places they leave, instead of leaving holes beside weights that stay (each
-        # keeps part of a 20 MiB allocator chunk: docs/engine.md). The pools' contents are never needed again:
-        # running sequences were preempted.
+        # Then what the new layout does not keep is let go: the old pools (their contents are never needed again:
+        # running sequences were preempted), the decode graphs that hold their addresses, and the layers it drops.
+        # The layers that stay move within the slab to their places in the new packing, which holds at most the
+        # larger of the two layouts at once (holding both pools did not fit rank 1 of the reference rig on the
+        # H200, moving [28,20,16] -> [30,17,17]).
         kept, self.model = self.model, None
         self.runner = self.kv_pool = self.state_pool = None
-        if not layout.rung:  # a rung's weights are all views of the arena, refilled whole
+        # A rung's weights are all views of the arena, refilled whole; leaving a ladder reloads every layer too (the
+        # arena holds them unmerged, outside the slab).
+        if not layout.rung and not (self.layout is not None and self.layout.rung):
             self._keep(model, kept)
         del kept
         self._hand_back()
-        switch_s = None
+        switch_s, parts = None, []
         if layout.rung:
             corrupt = self.corrupt_arrivals and self.builds > 0
             self.corrupt_arrivals &= not corrupt  # the fault fires once
             switch_s = self.arena.fill(model, layout.cut, layout.arena_bytes, layout.state_reserve_bytes, corrupt)
             loaded = list(model.layer_range)
         else:
-            loaded = self._fill(model)
             self.arena.release()
-            merge_projections(model)  # arena weights stay where the arena holds them: a rung runs them unmerged
-        kv_pool, state_pool = self._pools(layers, layout, self.device)
+            parts = weight_parts(model)
+        if self.slab is None:
+            self.slab = Slab(self.device, layout.memory_bytes)
+        # What stays moves to its place in the new packing; arrivals and pools are placed after it (engine/slab.py).
+        arrangement = self.slab.arrange(parts, [pool.bytes for pool in planned_pools])
+        if not layout.rung:
+            loaded = self._fill(model, parts, arrangement.offsets)
+        kv_pool, state_pool = self._pools(layers, layout, self.device, [
+            self.slab.block(offset, pool.bytes) for offset, pool in zip(arrangement.tails, planned_pools, strict=True)])
+        self.slab.trim(arrangement.end)
+        if self.device.type == "cuda":  # torch's allocator gets the budget the slab leaves
+            cap_cuda_memory(self.device, layout.memory_bytes - self.slab.mapped_bytes)
         self.model, self.kv_pool, self.state_pool, self.layout = model, kv_pool, state_pool, layout
         self.builds += 1
         # The same runner `LLM` uses, decode graphs captured now (before any request: see engine/graphs.py).
@@ -160,13 +175,17 @@ class RankWorker:
         # 4.4 GB a rank after a cut change; once serving, the cached activations of its steps).
         self._hand_back()
         measured = self._measure(self.model, self.kv_pool, self.state_pool, self.layout)
-        measured["allocator_pools"] = allocator_pools(self.device)
+        measured["allocator_pools"] = allocator_pools(self.device)  # torch's: everything but the slab
+        measured["slab_mapped_bytes"] = self.slab.mapped_bytes
         return measured
 
-    def _pools(self, layers: range, layout: RankLayout, device: torch.device | str) -> tuple[KVPool, StatePool]:
+    def _pools(self, layers: range, layout: RankLayout, device: torch.device | str,
+               storages: list[torch.Tensor] | None = None) -> tuple[KVPool, StatePool]:
+        kv_storage, state_storage = storages or (None, None)
         return (KVPool(self.config, layers, layout.pool_tokens, layout.block_size, CACHE_DTYPES[layout.kv_dtype],
-                       device),
-                StatePool(self.config, layers, layout.num_slots, CACHE_DTYPES[layout.state_dtype], device))
+                       device, kv_storage),
+                StatePool(self.config, layers, layout.num_slots, CACHE_DTYPES[layout.state_dtype], device,
+                          state_storage))
 
     @staticmethod
     def _keep(model: RangeCausalLM, old: RangeCausalLM | None) -> None:
@@ -185,28 +204,22 @@ class RankWorker:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _fill(self, model: RangeCausalLM) -> list[int]:
-        """Copy the parameters `model` still has on the meta device from the host image, verified; the layers it
-        loaded."""
-        fresh: dict[str, list[str]] = {}  # a layer (or "" for the model's own parts) -> its parameters to load
-        for name, param in model.named_parameters(remove_duplicate=False):
-            if param.device.type == "meta":
-                fresh.setdefault(".".join(name.split(".")[:2]) if name.startswith("layers.") else "", []).append(name)
-        for name in fresh.pop("", []):
-            module_name, _, attr = name.rpartition(".")
-            entry = self.image.entry(self._source(name))
-            target = torch.empty(entry.shape, dtype=entry.dtype, device=self.device)
-            self._arrive(name, target)
-            setattr(model.get_submodule(module_name), attr, torch.nn.Parameter(target, requires_grad=False))
-        for owner in fresh:
-            # Merged before anything is allocated, then placed: each merged tensor is allocated once and filled in
-            # place, with no originals to free (engine/layers/merge.py, materialize).
-            layer = model.get_submodule(owner)
-            merge_projections(layer)
-            for name, param in materialize(layer, self.device):
-                self._arrive(f"{owner}.{name}", param)
+    def _fill(self, model: RangeCausalLM, parts: list[tuple[str, nn.Module]], offsets: dict[str, int]) -> list[int]:
+        """Place the parts still on the meta device at their offsets in the slab and copy them in from the host
+        image, verified; the layers it loaded. A layer was merged on the meta device (before it was priced), so each
+        merged tensor is placed once and filled in place (engine/layers/merge.py, materialize)."""
+        loaded = []
+        for name, part in parts:
+            if name == "lm_head":
+                model.tie_weights()  # a tied head is the embedding placed just before it
+            if not any(tensor.is_meta for tensor in held_tensors(part)):
+                continue
+            for param_name, param in materialize(part, self.slab.allocator(offsets[name])):
+                self._arrive(f"{name}.{param_name}", param)
+            if name.startswith("layers."):
+                loaded.append(int(name.split(".")[1]))
         model.tie_weights()
-        return sorted(int(owner.split(".")[1]) for owner in fresh)
+        return loaded
 
     def _source(self, name: str) -> str:
         return "embed_tokens.weight" if name == "lm_head.weight" and self.config.tie_word_embeddings else name
@@ -254,6 +267,18 @@ class RankWorker:
             send_hidden(out, self.rank + 1)
             return None
         return out
+
+
+def weight_parts(model: RangeCausalLM) -> list[tuple[str, nn.Module]]:
+    """The model's weights in the slab's order (engine/slab.py), each fresh layer merged on the meta device first:
+    its merged tensors are what the slab places."""
+    parts = [("embed_tokens", model.embed_tokens)] if model.embed_tokens is not None else []
+    for index in model.layer_range:
+        layer = model.layers[str(index)]
+        if any(param.is_meta for param in layer.parameters()):
+            merge_projections(layer)
+        parts.append((f"layers.{index}", layer))
+    return parts + [(name, getattr(model, name)) for name in ("norm", "lm_head") if getattr(model, name) is not None]
 
 
 def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpoint: str, image: HostImage,

@@ -9,14 +9,14 @@ from math import prod
 
 import torch
 
-from engine.caches import conv_state_shape, recurrent_state_shape
+from engine.caches import conv_state_shape, pool_tensor, recurrent_state_shape
 from engine.config import ModelConfig
 from solvers.census import LayerKind
 
 
 class StatePool:
     def __init__(self, config: ModelConfig, layers: range, num_slots: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", storage: torch.Tensor | None = None):
         self.num_slots = num_slots
         self.linear_layers = [i for i in layers if config.layer_kind(i) == LayerKind.LINEAR_ATTENTION]
         recurrent_shape, conv_shape = recurrent_state_shape(config, num_slots), conv_state_shape(config, num_slots)
@@ -24,7 +24,7 @@ class StatePool:
         # One allocation for every layer's states, like the KV pool's: a rebuild then frees one block and allocates
         # one, instead of two tensors a layer scattered through the allocator's pages. The recurrent states come
         # first, each a whole number of key x value head blocks, so each starts aligned; the small conv states follow.
-        self._buffer = torch.zeros(layers_held * (recurrent_size + conv_size), dtype=dtype, device=device)
+        self._buffer = pool_tensor((layers_held * (recurrent_size + conv_size),), dtype, device, storage)
         conv_start = layers_held * recurrent_size
         self._states = {
             index: (self._buffer[conv_start + i * conv_size:conv_start + (i + 1) * conv_size].view(conv_shape),

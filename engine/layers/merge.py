@@ -15,6 +15,8 @@ kept across a reconfiguration, or rows a parent module stacked already) rather t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -63,23 +65,25 @@ def _are_rows_of(merged: torch.Tensor, params: list[nn.Parameter]) -> bool:
     return offset == merged.shape[0]
 
 
-def materialize(module: nn.Module, device: torch.device | str) -> list[tuple[str, torch.Tensor]]:
-    """Give a module merged on the meta device its storage on `device`: one allocation per storage (a merged tensor
-    with every parameter that views it, or a parameter of its own), every tensor rebound as the same view of it.
-    Returns the parameters by name, empty, for the caller to fill.
+def materialize(module: nn.Module, allocate: Callable[[int], torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """Give a module merged on the meta device its storage: one block from `allocate(nbytes)` (bytes, uint8) per
+    storage (a merged tensor with every parameter that views it, or a parameter of its own), every tensor rebound as
+    the same view of it. Returns the parameters by name, empty, for the caller to fill.
 
     Merging weights already on the device allocates each merged tensor beside its originals and then frees them: a
     hole per merge between weights that stay, each holding part of an allocator chunk that can never be given back.
     """
-    storages: dict[int, torch.Tensor] = {}
+    blocks: dict[int, torch.Tensor] = {}
 
     def placed(tensor: torch.Tensor) -> torch.Tensor:
         key = tensor.untyped_storage()._cdata  # the storage's identity: every meta tensor's data_ptr is 0
-        if key not in storages:
-            storages[key] = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8, device=device)
-        storage = storages[key].untyped_storage()
-        return torch.empty(0, dtype=tensor.dtype, device=device).set_(storage, tensor.storage_offset(), tensor.shape,
-                                                                        tensor.stride())
+        if key not in blocks:
+            blocks[key] = allocate(tensor.untyped_storage().nbytes())
+        block, size = blocks[key], tensor.element_size()
+        # the block may be a view of a larger buffer (a rank's slab): offsets count from its storage's start
+        offset = (block.storage_offset() + tensor.storage_offset() * size) // size
+        return torch.empty(0, dtype=tensor.dtype, device=block.device).set_(block.untyped_storage(), offset,
+                                                                             tensor.shape, tensor.stride())
 
     for submodule in module.modules():
         for name, value in list(vars(submodule).items()):
