@@ -73,6 +73,8 @@ class RankLayout:
 
 class RankWorker:
     def __init__(self, rank: int, world: int, config: ModelConfig, image: HostImage, device: torch.device):
+        if device.type == "cuda" and device.index is None:  # the driver calls and the allocator's cap need an index
+            device = torch.device("cuda", torch.cuda.current_device())
         self.rank, self.world, self.config, self.image, self.device = rank, world, config, image, device
         self.model: RangeCausalLM | None = None
         self.runner: ModelRunner | None = None
@@ -149,8 +151,6 @@ class RankWorker:
         kv_pool, state_pool = self._pools(layers, layout, self.device, [
             self.slab.block(offset, pool.bytes) for offset, pool in zip(arrangement.tails, planned_pools, strict=True)])
         self.slab.trim(arrangement.end)
-        if self.device.type == "cuda":  # torch's allocator gets the budget the slab leaves
-            cap_cuda_memory(self.device, layout.memory_bytes - self.slab.mapped_bytes)
         self.model, self.kv_pool, self.state_pool, self.layout = model, kv_pool, state_pool, layout
         self.builds += 1
         # The same runner `LLM` uses, decode graphs captured now (before any request: see engine/graphs.py).
@@ -302,7 +302,10 @@ def rank_main(rank: int, world: int, init_method: str, conn: Connection, checkpo
                 break
             try:
                 if kind == "build":
-                    conn.send(("ok", worker.build(payload)))
+                    measured = worker.build(payload)
+                    if target.type == "cuda":  # torch's allocator gets the budget the slab leaves
+                        cap_cuda_memory(target, memory_bytes - worker.slab.mapped_bytes)
+                    conn.send(("ok", measured))
                 elif kind == "step":  # each reply carries fresh device memory figures every READ_EVERY_S
                     conn.send(("ok", (worker.step(payload), memory.read(), worker.timer.ms)))
                 elif kind == "measure":
