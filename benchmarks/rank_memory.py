@@ -2,12 +2,12 @@
 
     python3 benchmarks/rank_memory.py --out $OUT                  # rank 1 of reference-h200, 4 builds (~100 s)
 
-The slack of a rank (memory torch maps for it that no tensor uses) is what the planner does not price. With
-expandable segments, torch maps large allocations in 20 MiB chunks and gives back only whole chunks, so every
-boundary between a tensor that stays and freed space can hold up to a chunk. This records, after each build, the
-allocator's pools (engine/device_memory.py) and every free block beside a live one, with the Python frames that
-allocated the live one (torch's memory history): what pins each partly used chunk. Everything goes to
-<out>/rank_memory.json.
+The slack of a rank (memory it maps that no tensor uses) is what the planner does not price. Weights and pools live
+in the rank's slab (engine/slab.py), packed to the granule; what torch's allocator holds beside them (activations,
+graphs, cuBLAS's workspaces) it maps in 20 MiB chunks (expandable segments) and gives back only whole, so a small
+tensor that stays can pin part of a chunk. This records, after each build, what the slab maps beyond its packing,
+the allocator's pools (engine/device_memory.py) and every free block beside a live one, with the Python frames that
+allocated the live one (torch's memory history). Everything goes to <out>/rank_memory.json.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ def main() -> None:
         started = time.perf_counter()
         measured = worker.build(layout(config, rig, cut, args.rank))
         seconds = time.perf_counter() - started
+        cap_cuda_memory(device, rig.ranks[args.rank].memory_bytes - worker.slab.mapped_bytes)  # as rank_main does
         resident = measured["weights_bytes"] + measured["kv_pool_bytes"] + measured["state_pool_bytes"]
         found = pins(torch.cuda.memory._snapshot())
         builds.append({"cut": cut, "seconds": seconds, "pools": measured["allocator_pools"], "pins": found,
