@@ -21,8 +21,8 @@ class Pages(LimitOffsetPagination):
     @staticmethod
     def _count(request, name: str, default: int, minimum: int) -> int:
         raw = request.query_params.get(name)
-        if raw in (None, ""):
-            return default
+        if raw is None:
+            return default  # absent; an empty value (`?limit=`) is not a number and is refused below
         if not raw.isascii() or not raw.isdigit() or int(raw) < minimum:
             raise ValidationError({name: f"expected a whole number >= {minimum}, got {raw[:40]!r}"})
         return int(raw)
