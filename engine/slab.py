@@ -18,14 +18,14 @@ import torch
 from torch import nn
 
 from engine.errors import EngineError
-from engine.slab_memory import address_range
+from engine.slab_memory import address_range, round_up
 
 ALIGN = 256  # every tensor starts on a 256-byte boundary: what cuBLAS and the Triton kernels' vector loads want
 MOVE_CHUNK = 64 << 20  # bytes a copy moves at once; a move shorter than this goes through a staging buffer
 
 
 def aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
+    return round_up(nbytes, ALIGN)
 
 
 def held_tensors(module: nn.Module) -> list[torch.Tensor]:

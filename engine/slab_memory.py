@@ -39,6 +39,10 @@ class _AccessDesc(ctypes.Structure):
     _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
 
 
+def round_up(nbytes: int, unit: int) -> int:
+    return -(-nbytes // unit) * unit
+
+
 def _driver() -> ctypes.CDLL:
     try:
         return ctypes.CDLL("libcuda.so.1")
@@ -60,7 +64,7 @@ class CudaAddressRange:
         self._check("cuMemGetAllocationGranularity", ctypes.byref(granule), ctypes.byref(self.prop),
                     _GRANULARITY_MINIMUM)
         self.granule = granule.value
-        self.capacity = -(-capacity // self.granule) * self.granule
+        self.capacity = round_up(capacity, self.granule)
         address = ctypes.c_uint64()
         self._check("cuMemAddressReserve", ctypes.byref(address), ctypes.c_size_t(self.capacity),
                     ctypes.c_size_t(0), ctypes.c_uint64(0), ctypes.c_uint64(0))
@@ -90,7 +94,7 @@ class CudaAddressRange:
 
     def trim(self, nbytes: int) -> None:
         """Unmap the granules past the first `nbytes` (at least one stays), once the device is done with them."""
-        keep = max(1, -(-nbytes // self.granule))
+        keep = max(1, round_up(nbytes, self.granule) // self.granule)
         if len(self.handles) <= keep:
             return
         torch.cuda.synchronize(self.device)
@@ -119,8 +123,8 @@ class HostAddressRange:
     back (the budget itself is enforced in the rank's accounting)."""
 
     def __init__(self, device: torch.device, capacity: int):
-        self.device, self.granule = device, mmap.PAGESIZE
-        self.capacity = max(1, -(-capacity // self.granule)) * self.granule
+        self.granule = mmap.PAGESIZE
+        self.capacity = round_up(max(1, capacity), self.granule)
         self.pages = mmap.mmap(-1, self.capacity, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE)
         self.base = torch.frombuffer(self.pages, dtype=torch.uint8)
         self.used = 0
@@ -132,10 +136,10 @@ class HostAddressRange:
     def ensure(self, nbytes: int) -> None:
         if nbytes > self.capacity:
             raise EngineError(f"the slab needs {nbytes} B but its range holds {self.capacity} B (the rank's budget)")
-        self.used = max(self.used, -(-nbytes // self.granule) * self.granule)
+        self.used = max(self.used, round_up(nbytes, self.granule))
 
     def trim(self, nbytes: int) -> None:
-        keep = -(-nbytes // self.granule) * self.granule
+        keep = round_up(nbytes, self.granule)
         if self.used > keep:
             self.pages.madvise(mmap.MADV_DONTNEED, keep, self.used - keep)
             self.used = keep
