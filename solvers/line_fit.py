@@ -51,3 +51,27 @@ def fit_line(xs: Sequence[int], ys: Sequence[float]) -> LineFit:
         return LineFit(slope, intercept, None, dof, n, x_bar, sxx)  # a line through two points has no residual
     rss = sum((y - slope * x - intercept) ** 2 for x, y in zip(xs, ys, strict=True))
     return LineFit(slope, intercept, math.sqrt(rss / dof), dof, n, x_bar, sxx)
+
+
+@dataclass(frozen=True)
+class OriginFit:
+    """y = slope x (no intercept): the least-squares line when the intercept is held at 0."""
+
+    slope: float
+    residual_sd: float | None  # None without residual dof (one sample)
+    sxx: float  # Σ x²
+
+    @property
+    def slope_se(self) -> float | None:
+        return None if self.residual_sd is None else self.residual_sd / math.sqrt(self.sxx)
+
+
+def fit_origin(xs: Sequence[int], ys: Sequence[float]) -> OriginFit:
+    """Least squares of y = slope x; the caller ensures every x is positive."""
+    sxx = sum(x * x for x in xs)
+    slope = sum(x * y for x, y in zip(xs, ys, strict=True)) / sxx
+    dof = len(xs) - 1
+    if dof <= 0:
+        return OriginFit(slope, None, sxx)
+    rss = sum((y - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    return OriginFit(slope, math.sqrt(rss / dof), sxx)
