@@ -74,7 +74,9 @@ def calibration_report(target: float = DEFAULT_TARGET, layout: RunningLayout | N
     notes += list(layout.notes)
     report = {**_head(layout, target), "samples": len(samples), "noise_floor": timing.model.noise_floor,
               "noise_floor_source": timing.noise_floor_source,
-              "noise_floor_samples": timing.fit.noise_floor_samples if timing.fit else 0}
+              "noise_floor_samples": timing.fit.noise_floor_samples if timing.fit else 0,
+              "validation": timing.validation.to_dict(),
+              "layouts": [layout.to_dict() for layout in timing.fit.layouts] if timing.fit else []}
     if not samples:
         return {**report, "explanation": (
             f"nothing is measured yet of {layout.model_name or model_label(layout.census)} on {layout.rig.name}: the "

@@ -4,6 +4,9 @@
     seam_prediction_stage_error_ratio{stat="mean"|"max"|"last"}  the same of each job's worst rank stage ms
     seam_calibration_unidentified_ranks                          ranks whose ms per layer is not identified
     seam_calibration_samples                                     measured layouts with decode steps in the fit
+    seam_timing_validation_error_ratio{stat="mean"|"max"}       |predicted - measured| / measured pipelined ms of
+                                                                 each layout predicted from a fit over the others
+    seam_timing_validation_layouts                               layouts held out in that validation (0: none yet)
 
 A statistic without a job to compute it from is left out rather than reported as 0.
 """
@@ -19,6 +22,8 @@ _HELP = {
     "seam_prediction_stage_error_ratio": "Executed jobs' |measured - predicted| / predicted stage ms, worst rank.",
     "seam_calibration_unidentified_ranks": "Ranks whose ms per layer the measured layouts do not identify.",
     "seam_calibration_samples": "Measured layouts with decode steps that the timing is fitted over.",
+    "seam_timing_validation_error_ratio": "Leave-one-layout-out |predicted - measured| / measured pipelined ms.",
+    "seam_timing_validation_layouts": "Measured layouts held out in the timing model's validation.",
 }
 
 
@@ -38,4 +43,8 @@ def exposition(summary: dict, calibration: dict) -> str:
         _gauge(lines, name, {stat: summary[key][stat] for stat in ("mean", "max", "last")})
     _gauge(lines, "seam_calibration_unidentified_ranks", len(calibration["unidentified"]))
     _gauge(lines, "seam_calibration_samples", calibration["samples"])
+    validation = calibration["validation"]
+    _gauge(lines, "seam_timing_validation_error_ratio",
+           {"mean": validation["mean_abs_error"], "max": validation["max_abs_error"]})
+    _gauge(lines, "seam_timing_validation_layouts", len(validation["layouts"]))
     return "\n".join(lines) + "\n"

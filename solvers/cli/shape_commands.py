@@ -18,10 +18,11 @@ from solvers.cli.args import (
 from solvers.dtypes import KV_DTYPES
 from solvers.errors import SolverError
 from solvers.ladder import decide, price_ladder
-from solvers.rig import load_rig
+from solvers.rig import DEFAULT_NOISE_FLOOR, load_rig
 from solvers.shapes import DEFAULT_STEP, fit, fit_on_rig, largest_max_model_len
 from solvers.tables import render
 from solvers.timing import parse_cut
+from solvers.timing_validation import validate_timing
 from solvers.units import format_bytes, parse_size
 
 _TOKENS = comma_separated(int, "200000,240000")
@@ -75,6 +76,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                            help="CUT:STAGE_MS, e.g. 28,20,16:49.2,154.8,116.4 (repeatable)")
     calibrate.add_argument("--sd-ms", type=float, help="A-vs-A SD of a stage time (default: the fit's residual)")
     calibrate.add_argument("--target", type=float, default=0.05, help="relative resolution wanted (default 0.05)")
+    calibrate.add_argument("--validate", action="store_true",
+                           help="also predict each measured layout from a fit over the others (leave-one-layout-out)")
+    calibrate.add_argument("--noise-floor", type=float, default=DEFAULT_NOISE_FLOOR,
+                           help=f"the rig's A-vs-A spread, used by --validate's fits (default {DEFAULT_NOISE_FLOOR})")
     add_json_flag(calibrate)
     calibrate.set_defaults(handler=run_calibrate)
 
@@ -201,6 +206,15 @@ def run_calibrate(args: argparse.Namespace) -> tuple[dict, str]:
     for plan in data["arms"]:
         lines.append(f"rank {plan['rank']} is unidentified; calibration arms: "
                      + ", ".join(str(arm["cut"]) for arm in plan["arms"]))
+    if args.validate:
+        if not 0 <= args.noise_floor < 1:
+            raise SolverError(f"--noise-floor must be a fraction in [0, 1), e.g. 0.141 (got {args.noise_floor})")
+        validation = validate_timing(samples, args.noise_floor)
+        data["validation"] = validation.to_dict()
+        held = [(list(h.cut), h.samples, h.measured_ms, h.predicted_ms, f"{h.error:+.1%}") for h in validation.layouts]
+        lines += ["", f"held-out validation: {validation.summary}"]
+        if held:
+            lines.append(render(["held-out cut", "samples", "measured ms", "predicted ms", "error"], held))
     for warning in result.warnings:  # on stderr in both forms, so --json output stays one document
         print(f"warning: {warning.message}", file=sys.stderr)
     return data, "\n".join(lines)

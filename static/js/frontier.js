@@ -16,7 +16,7 @@ const hover = [
 function interval(point) {
   const bounds = point.x_pipelined_interval;
   if (!bounds) return "none: nothing measured";
-  return `${bounds[0].toFixed(3)}–${bounds[1] === null ? "unbounded" : bounds[1].toFixed(3)}`;
+  return `${bounds[0].toFixed(3)}–${bounds[1].toFixed(3)}`;
 }
 
 function measured(point) {
@@ -26,13 +26,12 @@ function measured(point) {
   return `${stages}, pool ${seen.pool_tokens ?? "not at this shape"}`;
 }
 
-// Plotly's error bars are distances from the point: up to the interval's high end (none when unbounded) and down
-// to its low end.
+// Plotly's error bars are distances from the point: up to the interval's high end and down to its low end.
 function errorY(points) {
   const bounds = points.map((point) => point.x_pipelined_interval);
   return {
     type: "data", symmetric: false, visible: bounds.some((b) => b !== null), color: "#7a8699", thickness: 1.2,
-    array: bounds.map((b, i) => (b && b[1] !== null ? b[1] - points[i].x_pipelined : 0)),
+    array: bounds.map((b, i) => (b ? b[1] - points[i].x_pipelined : 0)),
     arrayminus: bounds.map((b, i) => (b ? points[i].x_pipelined - b[0] : 0)),
   };
 }

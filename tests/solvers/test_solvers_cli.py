@@ -219,3 +219,25 @@ def test_calibrate_warns_on_an_unidentified_rank_and_a_negative_fit(capsys):
     assert len(lines) == len(warnings) and all(line.startswith("warning: rank ") for line in lines)
     assert any("rank 2: ms/layer cannot be identified" in line and "measure a cut that moves rank 2" in line
                for line in lines)
+
+
+def test_calibrate_validate_predicts_each_layout_from_the_others(capsys):
+    per_layer, fixed = (2.0, 5.0, 3.0), (10.0, 8.0, 6.0)
+    cuts = [(16, 16, 16), (18, 14, 16), (14, 18, 16), (16, 14, 18)]
+    argv = ["calibrate"]
+    for cut in cuts:
+        ms = [n * m + f for n, m, f in zip(cut, per_layer, fixed, strict=True)]
+        argv += ["--sample", ",".join(map(str, cut)) + ":" + ",".join(map(str, ms))]
+    data = run_json(capsys, *argv, "--validate")
+    validation = data["validation"]
+    assert validation["validated"] is True and [row["cut"] for row in validation["layouts"]] == [list(c) for c in cuts]
+    assert validation["max_abs_error"] < 1e-9
+    assert main([*argv, "--validate"]) == 0
+    text = capsys.readouterr().out
+    assert "held-out validation: validated to ±0.0% (max 0.0%) on 4 held-out layouts" in text
+    assert "held-out cut" in text
+    assert "validation" not in run_json(capsys, *argv)
+    assert main([*argv[:3], "--validate"]) == 0
+    assert "not yet validated: 2 more measured layout(s) needed" in capsys.readouterr().out
+    assert main([*argv, "--validate", "--noise-floor", "1.5"]) == 2
+    assert "--noise-floor" in capsys.readouterr().err

@@ -80,3 +80,38 @@ def test_predictions_list_executed_jobs_newest_first_with_a_summary(get, viewer,
     assert 'seam_prediction_pool_error_ratio{stat="last"} 0\n' in text
     assert 'seam_prediction_stage_error_ratio{stat="mean"} 0.1\n' in text
     assert "seam_calibration_samples 4\n" in text and "seam_calibration_unidentified_ranks 0\n" in text
+
+
+def test_the_timing_model_is_validated_on_held_out_layouts(get, viewer, dead_engine, seed):
+    """Leave-one-layout-out (issue 29, item 2): each layout predicted by a fit over the others, in the API, the
+    gauges and with how many more layouts are needed until there are three."""
+    seed([7, 5, 4], stages([7, 5, 4]))
+    seed([8, 4, 4], stages([8, 4, 4]))
+    body = get("/api/v1/calibration/", user=viewer)
+    assert body["validation"]["validated"] is False and body["validation"]["layouts_needed"] == 1
+    assert body["validation"]["summary"] == "not yet validated: 1 more measured layout(s) needed"
+    slow = [ms * 1.2 for ms in stages([6, 6, 4])]  # 20% slower than the line through the others
+    seed([6, 6, 4], slow)
+    body = get("/api/v1/calibration/", user=viewer)
+    validation = body["validation"]
+    assert validation["validated"] is True and validation["measured_layouts"] == 3
+    rows = {tuple(row["cut"]): row for row in validation["layouts"]}
+    assert set(rows) == {(7, 5, 4), (8, 4, 4), (6, 6, 4)}
+    assert rows[(6, 6, 4)]["measured_ms"] == pytest.approx(max(slow))
+    assert rows[(6, 6, 4)]["error"] < -0.1  # a fit over the others under-predicts the slow layout
+    assert validation["max_abs_error"] == pytest.approx(max(abs(row["error"]) for row in rows.values()))
+    assert [layout["cut"] for layout in body["layouts"]] == [[6, 6, 4], [8, 4, 4], [7, 5, 4]]
+    text = get("/api/v1/metrics/", user=viewer).content.decode()
+    assert f'seam_timing_validation_error_ratio{{stat="max"}} {validation["max_abs_error"]:.6g}\n' in text
+    assert f'seam_timing_validation_error_ratio{{stat="mean"}} {validation["mean_abs_error"]:.6g}\n' in text
+    assert "seam_timing_validation_layouts 3\n" in text
+
+
+def test_frontier_intervals_are_finite_numbers(get, viewer, dead_engine, seed):
+    seed([7, 5, 4], stages([7, 5, 4]))
+    seed([8, 4, 4], stages([8, 4, 4]))  # rank 2 never moved: unidentified, so its band widens every interval
+    body = get("/api/v1/frontier/", user=viewer)
+    for point in [body["incumbent"], *body["points"]]:
+        low, high = point["x_pipelined_interval"]
+        assert isinstance(low, float) and isinstance(high, float) and 0 < low <= point["x_pipelined"] <= high
+    assert body["timing"]["validation"]["layouts_needed"] == 1

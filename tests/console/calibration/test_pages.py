@@ -80,3 +80,16 @@ def test_frontier_page_says_where_the_incumbent_timing_and_noise_floor_come_from
     incumbent = re.search(r'<tr data-testid="frontier-point" data-cut="7,5,4" data-incumbent="true">(.*?)</tr>', page,
                           re.S).group(1)
     assert 'data-testid="measured-stage-ms">14.0,12.5,12.0 <span class="muted">(1)</span>' in incumbent
+
+
+def test_calibration_and_frontier_pages_show_the_held_out_validation(browse, viewer, dead_engine, seed):
+    for cut in ([7, 5, 4], [8, 4, 4], [6, 6, 4]):
+        seed(cut, stages(cut))
+    client = browse(viewer)
+    page = client.get("/calibration/").content.decode()
+    assert 'data-testid="timing-validation" data-validated="true">validated to ±0.0% (max 0.0%) on 3 held-out' in page
+    assert sorted(re.findall(r'data-testid="validation-layout" data-cut="([0-9,]+)"', page)) == [
+        "6,6,4", "7,5,4", "8,4,4"]
+    assert re.findall(r'data-testid="fit-layout" data-cut="[0-9,]+" data-explained="(\w+)"', page) == ["true"] * 3
+    frontier = client.get("/frontier/").content.decode()
+    assert 'data-testid="timing-validation" data-validated="true">validated to ±0.0% (max 0.0%) on 3' in frontier
