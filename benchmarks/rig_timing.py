@@ -3,13 +3,13 @@
     python3 benchmarks/rig_timing.py --out $OUT                     # reference-h200, reference-hybrid-64 (~57 GB)
     python benchmarks/rig_timing.py --toy --device cpu --out /tmp/x # the same steps at toy size on a CPU (the tests)
 
-The engine starts at the incumbent and moves through LAYOUTS under one load (`width` requests of `prompt` tokens,
-each generating `tokens`, in waves), back to the incumbent at the end (an A-vs-A repeat). At each layout the load
-pauses, the layout's stage log starts afresh, and the rig serves until it has logged `decode_steps` decode steps at
-the full batch and `prefill_steps` prefill steps; the decode steps are cut into `repeats` chunks, each chunk's
-per-rank median one sample, and each prefill step one sample. Then solvers.timing_validation predicts every layout
-from a fit over the others (leave one layout out), for decode and prefill apart, and solvers.timing_fit checks every
-layout against the fit over all of them. Everything goes to <out>/rig_timing.json, the log to <out>/rig_timing.log.
+The engine starts at the incumbent and moves through the case's layouts under one load (`width` requests of `prompt`
+tokens, each generating `tokens`, in waves), back to the incumbent at the end (an A-vs-A repeat). At each layout the
+load pauses, the layout's stage log starts afresh, and the rig serves until it has logged `decode_steps` decode steps
+at the full batch, cut into `repeats` chunks (each chunk's per-rank median one sample); then, the load paused,
+`prefill_steps` prompts of `prompt` tokens go through one at a time, each prefill step one sample. Then
+solvers.timing_validation predicts every layout from a fit over the others (leave one layout out), for decode and
+prefill apart, and solvers.timing_fit checks every layout against the fit over all of them. Everything goes to <out>/rig_timing.json, the log to <out>/rig_timing.log.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import json
 import statistics
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +31,7 @@ from benchmarks.rig_steps import Record, Steps, arm_watchdog, setup_logging  # n
 from engine.config import ModelConfig  # noqa: E402
 from engine.driver import PipelineDriver  # noqa: E402
 from engine.host_image import HostImage  # noqa: E402
+from engine.sampler import SamplingParams  # noqa: E402
 from solvers.calibration import Sample  # noqa: E402
 from solvers.timing_fit import fit_timing  # noqa: E402
 from solvers.timing_validation import validate_timing  # noqa: E402
@@ -41,40 +41,50 @@ from solvers.timing_validation import validate_timing  # noqa: E402
 FULL = {"config": "reference-hybrid-64", "overrides": {}, "rig": "reference-h200", "incumbent": [28, 20, 16],
         "layouts": [[29, 18, 17], [30, 17, 17], [32, 16, 16], [31, 19, 14], [30, 20, 14], [28, 17, 19],
                     [27, 19, 18], [26, 20, 18], [25, 20, 19], [28, 20, 16]],
-        "prompt": 512, "tokens": 48, "width": 4, "decode_steps": 160, "prefill_steps": 4, "repeats": 4,
+        "prompt": 512, "tokens": 48, "width": 4, "decode_steps": 160, "prefill_steps": 8, "repeats": 4,
         # seconds a step may take (2026-12-06: start 66-116 s and warm-up 49-154 s, less with Triton's cache)
         "budgets": {"image": 120, "start": 300, "warmup": 240, "move": 90, "measure": 60, "shutdown": 60},
         "needs": {"start": 120, "warmup": 150, "move": 25, "measure": 10, "shutdown": 20}}
 TOY = {"config": "demo-hybrid-16", "overrides": {}, "rig": "cpu-demo", "incumbent": [7, 5, 4],
        "layouts": [[8, 4, 4], [6, 6, 4], [7, 4, 5], [9, 3, 4], [6, 5, 5], [8, 5, 3], [5, 6, 5], [7, 5, 4]],
-       "prompt": 16, "tokens": 12, "width": 4, "decode_steps": 24, "prefill_steps": 2, "repeats": 3,
+       "prompt": 16, "tokens": 12, "width": 4, "decode_steps": 24, "prefill_steps": 3, "repeats": 3,
        "budgets": {"image": 60, "start": 120, "warmup": 120, "move": 60, "measure": 60, "shutdown": 60},
        "needs": {"start": 20, "warmup": 10, "move": 5, "measure": 5, "shutdown": 5}}
 
 
 def collect(driver: PipelineDriver, load: Load, case: dict, budget_s: float, out: dict) -> None:
-    """The layout's stage times under the load: decode steps at the full batch in `repeats` chunks, prefill steps
-    of the load's most common prefill size."""
+    """The layout's stage times: decode steps at the full batch under the load, in `repeats` chunks; then, with the
+    load paused, `prefill_steps` prompts of `prompt` tokens one at a time, each one prefill step of that size."""
+    deadline = time.monotonic() + budget_s
     if not load.pause(timeout=budget_s / 2):
         raise TimeoutError("the load's wave did not finish")
     # The steps logged since the layout changed mix the requests the change caught in flight; the load is idle now.
     driver.stages.clear()
     load.resume()
-    deadline = time.monotonic() + budget_s
-    while True:
-        steps = list(driver.stages.steps)
-        decode = [ms for kind, tokens, ms in steps if kind == "decode" and tokens == case["width"]]
-        prefill = [(tokens, ms) for kind, tokens, ms in steps if kind == "prefill"]
-        if len(decode) >= case["decode_steps"] and len(prefill) >= case["prefill_steps"]:
-            break
+    while len(decode := _steps(driver, "decode", case["width"])) < case["decode_steps"]:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(decode)} decode and {len(prefill)} prefill steps within {budget_s:.0f} s")
+            raise TimeoutError(f"{len(decode)} decode steps at batch {case['width']} within {budget_s:.0f} s")
         time.sleep(0.05)
-    size = Counter(tokens for tokens, _ in prefill).most_common(1)[0][0]
     chunk = len(decode) // case["repeats"]
-    out.update(cut=list(driver.cut), decode_batch=case["width"], prefill_tokens=size,
-               decode=[_median(decode[i * chunk:(i + 1) * chunk]) for i in range(case["repeats"])],
-               prefill=[ms for tokens, ms in prefill if tokens == size], decode_step_count=len(decode))
+    out.update(cut=list(driver.cut), decode_batch=case["width"], decode_step_count=len(decode),
+               decode=[_median(decode[i * chunk:(i + 1) * chunk]) for i in range(case["repeats"])])
+    if not load.pause(timeout=max(deadline - time.monotonic(), 1.0)):
+        raise TimeoutError("the load's wave did not finish before the prefill steps")
+    try:
+        driver.stages.clear()
+        vocab = driver.config.vocab_size
+        for i in range(case["prefill_steps"]):  # alone in the engine: every prefill step holds exactly one prompt
+            prompt = [(7919 * (i + 1) * (j + 1)) % vocab for j in range(case["prompt"])]
+            if not driver.submit(prompt, SamplingParams(max_tokens=1)).wait(timeout=deadline - time.monotonic()):
+                raise TimeoutError(f"prefill request {i} unanswered within the step's budget")
+        out.update(prefill_tokens=case["prompt"], prefill=_steps(driver, "prefill", case["prompt"]))
+    finally:
+        load.resume()
+
+
+def _steps(driver: PipelineDriver, kind: str, tokens: int) -> list[list[float]]:
+    """Per-rank stage ms of the logged steps of `kind` with exactly `tokens` tokens."""
+    return [ms for logged_kind, count, ms in list(driver.stages.steps) if logged_kind == kind and count == tokens]
 
 
 def _median(steps: list[list[float]]) -> list[float]:
