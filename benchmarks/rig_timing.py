@@ -9,7 +9,8 @@ load pauses, the layout's stage log starts afresh, and the rig serves until it h
 at the full batch, cut into `repeats` chunks (each chunk's per-rank median one sample); then, the load paused,
 `prefill_steps` prompts of `prompt` tokens go through one at a time, each prefill step one sample. Then
 solvers.timing_validation predicts every layout from a fit over the others (leave one layout out), for decode and
-prefill apart, and solvers.timing_fit checks every layout against the fit over all of them. Everything goes to <out>/rig_timing.json, the log to <out>/rig_timing.log.
+prefill apart, and solvers.timing_fit checks every layout against the fit over all of them. Everything goes to
+<out>/rig_timing.json, the log to <out>/rig_timing.log.
 """
 
 from __future__ import annotations
