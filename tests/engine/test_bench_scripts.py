@@ -468,3 +468,46 @@ def test_rank_memory_names_what_sits_beside_each_free_block_of_the_default_pool(
     built = layout(config, rig, (30, 17, 17), 1)
     assert built.pool_tokens == CutPricer(config.census, rig).price((30, 17, 17)).pool_tokens == 285856
     assert built.layer_range(1) == range(30, 47) and built.max_model_len == rig.shape.max_model_len
+
+
+@pytest.mark.slow
+def test_the_timing_run_measures_every_layout_and_validates_each_held_out(tmp_path):
+    """benchmarks/rig_timing.py at toy size on the CPU: every layout measured under the load, the incumbent twice,
+    every request accounted for, and each layout predicted by a fit over the others for decode and prefill."""
+    done = subprocess.run([sys.executable, "benchmarks/rig_timing.py", "--toy", "--device", "cpu", "--out",
+                           str(tmp_path), "--work", str(tmp_path / "work")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = json.loads((tmp_path / "rig_timing.json").read_text())
+    case = run["case"]
+    assert set(run["summary"]["steps"].values()) == {"ok"}
+    assert [entry["cut"] for entry in run["layouts"]] == [case["incumbent"], *case["layouts"]]
+    for entry in run["layouts"]:
+        assert len(entry["decode"]) == case["repeats"] and len(entry["prefill"]) == case["prefill_steps"]
+        assert entry["prefill_tokens"] == case["prompt"] and entry["decode_step_count"] >= case["decode_steps"]
+    assert run["load"]["lost"] == 0 and run["load"]["unsettled"] == 0
+    layouts = {tuple(cut) for cut in [case["incumbent"], *case["layouts"]]}
+    for kind in ("decode", "prefill"):
+        validation = run["summary"][kind]["validation"]
+        assert validation["validated"] and {tuple(row["cut"]) for row in validation["layouts"]} == layouts
+        assert all(row["measured_ms"] > 0 and row["predicted_ms"] > 0 for row in validation["layouts"])
+
+
+def test_the_held_out_timing_table_comes_from_the_runs_raw_samples():
+    """docs/benchmarks.md's held-out table (2026-12-06): recomputed from the call's raw per-layout samples with
+    today's solvers, the same mean and max error."""
+    from solvers.calibration import Sample
+    from solvers.timing_validation import validate_timing
+
+    run = json.loads((ROOT / "benchmarks/results/h100-2026-12-06b/call2_rig_timing.json").read_text())
+    figures = {}
+    for kind in ("decode", "prefill"):
+        samples = [Sample(tuple(entry["cut"]), tuple(ms)) for entry in run["layouts"] for ms in entry[kind]]
+        validation = validate_timing(samples, 0.141)
+        recorded = run["summary"][kind]["validation"]["layouts"]
+        assert [h.cut for h in validation.layouts] == [tuple(row["cut"]) for row in recorded]
+        assert [h.predicted_ms for h in validation.layouts] == pytest.approx([row["predicted_ms"] for row in recorded])
+        figures[kind] = (round(validation.mean_abs_error, 3), round(validation.max_abs_error, 3))
+    assert figures == {"decode": (0.007, 0.01), "prefill": (0.076, 0.174)}
+    doc = (ROOT / "docs/benchmarks.md").read_text()
+    assert "| decode (batch 4) | 0.7% | 1.0% |" in doc and "| prefill (512 tokens) | 7.6% | 17.4% |" in doc

@@ -102,3 +102,40 @@ def test_two_cut_changes_identify_the_ranks_they_moved(live_engine, operator, re
     assert JobPrediction.objects.filter(measurement__isnull=False).count() == 2
     assert set(MeasuredLayout.objects.filter(source="job_end").values_list("job", flat=True)) == {
         first_job.pk, second_job.pk}
+
+
+def test_after_three_cut_changes_every_measured_layout_is_priced_within_its_spread(
+        live_engine, operator, reviewer, handoffs, settings, get, viewer):
+    """Issue 29's bar with the real engine: three cut changes under traffic, each layout measured twice; the fitted
+    timing then prices every measured layout within its own measured spread or 25%, whichever is larger, names any it
+    cannot explain, and every speedup interval on the frontier is a pair of finite numbers."""
+    settings.SEAM_MEASURE_S = 0
+    cuts = [live_engine.state()["cut"]]
+    for ranks in ((0, 1), (1, 2), (0, 2)):
+        if len(cuts) > 1:
+            run_job(operator, reviewer, cuts[-1])
+            assert live_engine.state()["cut"] == cuts[-1]
+        for _ in range(2):
+            serve_and_measure(live_engine)
+        cuts.append(moved(live_engine, cuts[-1], ranks, cuts))
+    run_job(operator, reviewer, cuts[-1])
+    for _ in range(2):
+        serve_and_measure(live_engine)
+
+    calibration = get("/api/v1/calibration/", user=viewer)
+    layouts = {tuple(layout["cut"]): layout for layout in calibration["layouts"]}
+    assert set(layouts) == {tuple(cut) for cut in cuts} and len(cuts) == 4
+    for layout in layouts.values():
+        assert layout["samples"] >= 2
+        error = abs(layout["predicted_ms"] / layout["measured_ms"] - 1)
+        within = layout["low_ms"] <= layout["predicted_ms"] <= layout["high_ms"] or error <= 0.25
+        assert within, layout
+        assert layout["explained"] == (layout["low_ms"] <= layout["predicted_ms"] <= layout["high_ms"])
+        assert layout["explained"] or layout["reason"]
+    assert calibration["validation"]["validated"] and len(calibration["validation"]["layouts"]) == 4
+    frontier = get("/api/v1/frontier/", user=viewer)
+    assert frontier["timing"]["source"] == "measured"
+    for point in [frontier["incumbent"], *frontier["points"]]:
+        low, high = point["x_pipelined_interval"]
+        assert isinstance(low, float) and isinstance(high, float)
+        assert 0 < low <= point["x_pipelined"] <= high, point
