@@ -14,12 +14,10 @@ each switch timed against its predicted cost. Everything goes to <out>/rig_h200.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import platform
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,7 +28,7 @@ import torch  # noqa: E402
 
 from benchmarks import rig_engine  # noqa: E402
 from benchmarks.rig_load import Load  # noqa: E402
-from benchmarks.rig_steps import Record, Steps, arm_watchdog, setup_logging  # noqa: E402
+from benchmarks.rig_steps import Record, Steps, begin_run, run_arguments  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.host_image import HostImage  # noqa: E402
 from engine.reconfig import host_ram_available  # noqa: E402
@@ -97,23 +95,12 @@ def frontier_cuts(folder: Path, rig: Rig) -> list[list[int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--toy", action="store_true", help="the CPU demo rig and model (a check of this script)")
-    parser.add_argument("--budget-s", type=float, default=510.0, help="the whole run's time budget")
+    parser = run_arguments(__doc__, 510.0)
     parser.add_argument("--skip-ladder", action="store_true",
                         help="the rig's steps only, with the ladder's time left to them (a ladder measured before)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/seam-rig"), help="where the configs are written")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    setup_logging(args.out / "rig_h200.log")
     case = TOY if args.toy else FULL
-    record = Record(args.out / "rig_h200.json", {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv, "case": case,
-        "environment": environment(args.device), "budget_s": args.budget_s})
-    live: list = []  # the drivers running now: the watchdog stops their ranks
-    arm_watchdog(record, args.budget_s + 30, lambda: [p.kill() for d in live for p in d.ranks.processes])
+    record, live = begin_run(args, "rig_h200", case, environment(args.device))
     steps = Steps(record, args.budget_s)
     run_rig(case, args, record, steps, live)
     if not args.skip_ladder:

@@ -5,9 +5,11 @@ own limit would kill it with nothing written.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -124,3 +126,26 @@ def setup_logging(path: Path) -> None:
     for handler in (logging.FileHandler(path), logging.StreamHandler()):
         handler.setFormatter(formatter)
         root.addHandler(handler)
+
+
+def run_arguments(doc: str, budget_s: float) -> argparse.ArgumentParser:
+    """The arguments every one-shot rig run takes; a script adds its own."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--toy", action="store_true", help="the CPU demo rig and model (a check of this script)")
+    parser.add_argument("--budget-s", type=float, default=budget_s, help="the whole run's time budget")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/seam-rig"), help="where the configs are written")
+    return parser
+
+
+def begin_run(args: argparse.Namespace, name: str, case: dict, facts: dict) -> tuple[Record, list]:
+    """<out>/<name>.json and <out>/<name>.log, and a watchdog that stops the drivers listed in the returned list."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    setup_logging(args.out / f"{name}.log")
+    record = Record(args.out / f"{name}.json", {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv, "case": case,
+        "environment": facts, "budget_s": args.budget_s})
+    live: list = []  # the drivers running now: the watchdog stops their ranks
+    arm_watchdog(record, args.budget_s + 30, lambda: [p.kill() for d in live for p in d.ranks.processes])
+    return record, live

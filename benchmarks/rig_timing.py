@@ -15,7 +15,6 @@ prefill apart, and solvers.timing_fit checks every layout against the fit over a
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import rig_engine  # noqa: E402
 from benchmarks.rig_h200 import environment, rig_for, write_config  # noqa: E402
 from benchmarks.rig_load import Load  # noqa: E402
-from benchmarks.rig_steps import Record, Steps, arm_watchdog, setup_logging  # noqa: E402
+from benchmarks.rig_steps import Record, Steps, begin_run, run_arguments  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.driver import PipelineDriver  # noqa: E402
 from engine.host_image import HostImage  # noqa: E402
@@ -103,21 +102,9 @@ def analyse(layouts: list[dict], kind: str, noise_floor: float, incumbent: list[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--toy", action="store_true", help="the CPU demo rig and model (a check of this script)")
-    parser.add_argument("--budget-s", type=float, default=540.0, help="the whole run's time budget")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/seam-rig"), help="where the configs are written")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    setup_logging(args.out / "rig_timing.log")
+    args = run_arguments(__doc__, 540.0).parse_args()
     case = TOY if args.toy else FULL
-    record = Record(args.out / "rig_timing.json", {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv, "case": case,
-        "environment": environment(args.device), "budget_s": args.budget_s})
-    live: list = []
-    arm_watchdog(record, args.budget_s + 30, lambda: [p.kill() for d in live for p in d.ranks.processes])
+    record, live = begin_run(args, "rig_timing", case, environment(args.device))
     run(case, args, record, Steps(record, args.budget_s), live)
     record.save()
     print(json.dumps(record.data.get("summary"), indent=1, default=str), flush=True)
