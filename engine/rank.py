@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 import torch
@@ -87,6 +87,10 @@ class RankWorker:
         # reconfiguration after start-up (the start-up build itself stays clean).
         self.corrupt_arrivals = os.environ.get("SEAM_FAULT_CORRUPT_RANK") == str(rank)
         self.die_in_reconfiguration = os.environ.get("SEAM_FAULT_DIE_RANK") == str(rank)
+        # ... and allocate one KV block fewer than the layout asks in the listed builds of this process ("1:0,2":
+        # rank 1, at start-up and in the second build after it), so the driver's check against the prediction fires.
+        short_rank, _, short_builds = os.environ.get("SEAM_FAULT_SHORT_POOL", "").partition(":")
+        self.short_pool_builds = {int(n) for n in short_builds.split(",") if n} if short_rank == str(rank) else set()
         # ... and fail every step that carries this token id, on the last rank (after the transfers, so the process
         # group stays sound): a request that fails every step it is in.
         fail_token = os.environ.get("SEAM_FAULT_STEP_TOKEN")
@@ -107,6 +111,8 @@ class RankWorker:
         layout again (its layers copied back from the host image)."""
         if self.die_in_reconfiguration and self.builds > 0:
             os._exit(17)  # fault injection: this rank dies in the middle of an operation
+        if self.builds in self.short_pool_builds and layout.pool_tokens:
+            layout = replace(layout, pool_tokens=layout.pool_tokens - layout.block_size)
         layers = layout.layer_range(self.rank)
         if self.device.type == "cuda":  # the build's own peak is reported: a transition must fit the cap too
             torch.cuda.reset_peak_memory_stats(self.device)
