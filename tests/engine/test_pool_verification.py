@@ -71,8 +71,14 @@ def _generate(driver: PipelineDriver) -> list[int]:
     return handle.token_ids
 
 
-def _ranks_alive() -> list[str]:
-    return [child.name for child in multiprocessing.active_children() if child.name.startswith("seam-rank")]
+def _ranks_alive(within_s: float = 15.0) -> list[str]:
+    """This process's rank processes still running once `within_s` has passed (a stopped rank may take a moment)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [child.name for child in multiprocessing.active_children() if child.name.startswith("seam-rank")]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
 
 
 def test_a_rank_pool_off_the_prediction_refuses_the_start(checkpoint):
