@@ -338,15 +338,20 @@ def test_apply_without_its_fields_is_400_naming_the_field(client, body, word):
     assert word in post(client, "/control/apply", body, expect=400)["error"]
 
 
-@pytest.mark.parametrize(("target", "fingerprint", "tamper", "status"), [
-    ({"cut": [3, 1]}, "fp-1", True, 400), ({"cut": [3, 1]}, "fp-0", False, 409), ({"cut": [4, 0]}, "fp-1", False, 422),
+@pytest.mark.parametrize(("target", "fingerprint", "tamper", "status", "message"), [
+    ({"cut": [3, 1]}, "fp-1", True, 400, "plan_hash does not match the plan"),
+    ({"cut": [3, 1]}, "fp-0", False, 409, "the plan's incumbent fingerprint is not the current layout"),
+    ({"cut": [4, 0]}, "fp-1", False, 422, "infeasible: rank 1 holds no layers"),
 ])
-def test_a_refused_apply_answers_the_drivers_status(client, target, fingerprint, tamper, status):
+def test_a_refused_apply_answers_the_drivers_status_and_message(client, driver, target, fingerprint, tamper, status,
+                                                                 message):
+    """The service forwards the driver's refusal as it is, status and message, and starts nothing. Which refusal the
+    real engine gives for a tampered, stale or infeasible plan: tests/engine/test_apply_refusals.py."""
     planned = post(client, "/control/plan", {"kind": "cut", "target": target, "incumbent_fingerprint": fingerprint})
     plan_hash = "0" * 64 if tamper else planned["plan_hash"]
     body = {"plan": planned["plan"], "plan_hash": plan_hash, "attestation": attested(plan_hash)}
-    out = post(client, "/control/apply", body, expect=status)
-    assert isinstance(out["error"], str) and out["error"]
+    assert post(client, "/control/apply", body, expect=status) == {"error": message}
+    assert driver.operations_by_id == {}
 
 
 def test_apply_on_an_engine_without_an_approval_key_is_403(driver):
@@ -365,6 +370,24 @@ def test_a_job_whose_apply_the_driver_refused_may_apply_again(client):
     valid = sign_attestation(CREDENTIALS.approval_key, planned["plan_hash"], job_id, ["reviewer"], time.time())
     post(client, "/control/apply", {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": valid},
          202)  # nothing started the first time, so the job id is still unspent
+
+
+class FailingApplyDriver(FakeDriver):
+    """Fails an apply with something other than a refusal: as far as the service knows, an operation may have begun."""
+
+    def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:
+        raise EngineError("the rank processes went away mid-apply")
+
+
+def test_a_job_whose_apply_failed_otherwise_stays_spent():
+    """Guard: JobLedger.claim (engine/access.py) frees a job id only when the driver refused the plan; after any other
+    failure the same attestation cannot start a second operation."""
+    client = _client(FailingApplyDriver())
+    planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
+    body = {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": attested(planned["plan_hash"])}
+    assert post(client, "/control/apply", body, expect=500)["error"].startswith("internal error (EngineError)")
+    again = post(client, "/control/apply", body, expect=409)
+    assert again["error"].startswith(f"job {body['attestation']['job_id']} already started an operation")
 
 
 def test_an_unknown_operation_is_404(client):

@@ -231,8 +231,18 @@ def _pings(connection) -> bool:
 
 def test_a_complete_snapshot_validates_and_extra_keys_are_allowed():
     snapshot = make_snapshot(7)
+    # Extra keys at every level: the schema grows and consumers ignore what they do not know.
+    snapshot["build"] = "seam-dev"
     snapshot["engine"]["fingerprint"] = "abc"
-    validate_snapshot(snapshot)
+    snapshot["ranks"][1]["pid"] = 4242
+    snapshot["ranks"][1]["used"]["graphs"] = 12
+    snapshot["ranks"][1]["kv"]["blocks_total"] = 256
+    kept = copy.deepcopy(snapshot)
+    assert validate_snapshot(snapshot) is None and snapshot == kept  # accepted, and nothing stripped or coerced
+    # The validator did walk this snapshot: one ill-typed key beside the extras is caught, by its path.
+    snapshot["ranks"][1]["kv"]["tokens_used"] = "128"
+    with pytest.raises(ValueError, match=r"^snapshot\.ranks\[1\]\.kv\.tokens_used: expected int, got str"):
+        validate_snapshot(snapshot)
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -148,8 +148,21 @@ def test_coverage_rejects_bad_sd_target_and_incumbent():
 
 def test_coverage_to_dict_is_json_ready():
     import json
-    text = json.dumps(coverage([(INCUMBENT, MS), ((29, 19, 16), (51.0, 147.1, 116.0))]).to_dict(), allow_nan=False)
-    assert '"unidentified": [2]' in text
+    data = coverage([(INCUMBENT, MS), ((29, 19, 16), (51.0, 147.1, 116.0))]).to_dict()
+    assert json.loads(json.dumps(data, allow_nan=False)) == data  # every value survives JSON as it is
+    assert (data["samples"], data["cuts"], data["target"], data["unidentified"]) == \
+        (2, [[28, 20, 16], [29, 19, 16]], 0.05, [2])
+    rank0, rank1, rank2 = data["ranks"]
+    # ms/layer by hand: the stage time's change per layer moved (ranks 0 and 1), the mean ratio where none moved.
+    assert rank0["ms_per_layer"] == pytest.approx(51.0 - 49.2) and rank1["ms_per_layer"] == pytest.approx(7.7)
+    assert rank2["ms_per_layer"] == pytest.approx((116.4 + 116.0) / 2 / 16)
+    assert [rank["identified"] for rank in data["ranks"]] == [True, True, False]
+    assert [rank["layer_counts"] for rank in data["ranks"]] == [[28, 29], [19, 20], [16]]
+    assert rank0["intercept"]["value"] is None and rank0["intercept"]["estimate"] == pytest.approx(-1.2)
+    assert rank0["intercept"]["published"] is False and "residual degrees of freedom" in rank0["intercept"]["refusal"]
+    assert rank2["samples_needed"] == "inf" and rank0["samples_needed"] is None  # no SD: unknown, not a number
+    assert [arm["cut"] for plan in data["arms"] for arm in plan["arms"]] == [[28, 19, 17], [28, 21, 15]]
+    assert [(w["rank"], w["problem"]) for w in data["warnings"]] == [(0, "negative_fixed_ms"), (2, "unidentified")]
 
 
 def test_an_unidentified_rank_warns_naming_it_and_the_cuts_that_move_it():

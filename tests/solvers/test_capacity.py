@@ -78,6 +78,21 @@ def test_a_pool_below_one_max_length_sequence_is_refused():
     assert not result.feasible and "cannot hold one sequence of max_model_len 20000" in result.reasons[0]
 
 
+def test_a_pool_of_exactly_one_max_length_sequence_is_feasible():
+    """Guard: the one-sequence check of CutPricer.price refuses a pool below max_model_len, never one equal to it
+    (a pool of exactly max_model_len tokens holds one full-length sequence)."""
+    shape = {"max_num_seqs": 1, "max_num_batched_tokens": 64, "kv_dtype": "bf16"}
+    pool = pp_pool(hybrid_census(), make_rig(["64MiB", "64MiB"], shape={**shape, "max_model_len": 64}), [8, 8])
+    assert pool.feasible and pool.pool_tokens % 16 == 0
+    exact = pp_pool(hybrid_census(), make_rig(["64MiB", "64MiB"], shape={**shape, "max_model_len": pool.pool_tokens}),
+                    [8, 8])
+    assert exact.feasible and exact.reasons == () and exact.pool_tokens == pool.pool_tokens
+    beyond = pp_pool(hybrid_census(), make_rig(["64MiB", "64MiB"],
+                                               shape={**shape, "max_model_len": pool.pool_tokens + 1}), [8, 8])
+    assert not beyond.feasible
+    assert f"pool {pool.pool_tokens} tokens (bound by rank 0) cannot hold one sequence" in beyond.reasons[0]
+
+
 @pytest.mark.parametrize("cut, message", [
     ([8, 7], "sums to 15 layers; the model has 16"),
     ([16, 0], "positive whole number"),

@@ -245,3 +245,21 @@ def test_bad_cuts_and_repeats_are_refused():
             fit.speedup_interval(cut)
     with pytest.raises(SolverError, match="min_repeats"):
         measured_noise_floor(synthetic(CUTS, 2, 0.5), min_repeats=1)
+
+
+def test_a_clearly_negative_fixed_cost_is_never_published():
+    """Guard: solvers/timing_fit.py never publishes a negative fixed ms (no stage takes less than no time). Written
+    against the outcome, not the branch: whatever the fit does with rank 1's line, the model it publishes holds no
+    negative fixed cost and says why, naming the rank."""
+    samples = synthetic(CUTS, 4, 0.2, fixed=(10.0, -9.0, 6.0))
+    x = [cut[1] for cut, _ in samples]
+    y = [ms[1] for _, ms in samples]
+    assert np.polyfit(x, y, 1)[1] < -8  # the premise: rank 1's unconstrained line crosses far below 0 ms
+    fit = fit_timing(samples, INCUMBENT, 0.141)
+    assert all(fixed >= 0 for fixed in fit.model.fixed_ms), fit.model.fixed_ms
+    for rank in range(3):  # nothing claims a published negative value
+        assert not (fit.fixed_published[rank] and fit.model.fixed_ms[rank] < 0)
+    rows = fit.to_dict()["ranks"]
+    assert rows[1]["fixed_ms"] >= 0 and not (rows[1]["fixed_published"] and rows[1]["fixed_ms"] < 0)
+    assert any(note.startswith("rank 1") and "negative" in note for note in fit.notes), fit.notes
+    assert fit.model.fixed_ms[0] == pytest.approx(10.0, abs=3.0)  # the other ranks' fixed costs still stand

@@ -36,12 +36,17 @@ def test_token_refused_for_a_wrong_password(client):
 
 
 def test_token_authenticates_requests(client, make_user):
-    user = make_user("viewer", name="tina")
-    user.set_password("pw-123456")
-    user.save()
-    token = client.post("/api/v1/auth/token/", {"username": "tina", "password": "pw-123456"}).json()["token"]
-    response = client.get("/api/v1/jobs/", HTTP_AUTHORIZATION=f"Token {token}")
-    assert response.status_code == 200
+    users = [make_user("viewer", name=name) for name in ("tina", "otto")]
+    tokens = []
+    for user in users:
+        user.set_password("pw-123456")
+        user.save()
+        tokens.append(client.post("/api/v1/auth/token/", {"username": user.username, "password": "pw-123456"})
+                      .json()["token"])
+    for user, token in zip(users, tokens, strict=True):
+        response = APIClient().get("/api/v1/jobs/", HTTP_AUTHORIZATION=f"Token {token}")
+        assert response.status_code == 200
+        assert response.wsgi_request.user == user  # the request ran as the token's own user, no one else
 
 
 @pytest.mark.parametrize("url", PROTECTED_GETS)

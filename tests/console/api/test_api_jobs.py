@@ -3,7 +3,7 @@
 import pytest
 
 from console.audit.models import AuditEvent
-from console.jobs.models import Job
+from console.jobs.models import Approval, Job
 
 pytestmark = pytest.mark.django_db
 
@@ -84,6 +84,8 @@ def test_operator_cannot_approve(proposed, make_user, post):
     answer = post(f"{JOBS}{job['id']}/approve/", {"plan_hash": job["plan_hash"]}, user=make_user("operator"),
                   expect=403)
     assert "reviewer" in answer["detail"]
+    assert not Approval.objects.filter(job_id=job["id"]).exists()  # refused before anything was written
+    assert Job.objects.get(pk=job["id"]).status == "proposed"
 
 
 def test_reviewer_approves_and_the_job_is_queued(proposed, reviewer, post, handoffs,

@@ -123,9 +123,16 @@ def test_untied_and_tied_heads():
     assert load_census("gemma-3-27b").tied_embeddings
 
 
+# Gemma 3 27B's SigLIP vision tower and multimodal projector, counted by transformers' own modules: the parameters of
+# SiglipVisionModel(config.vision_config) + Gemma3MultiModalProjector(config), built on the meta device from
+# solvers/configs/gemma-3-27b.json.
+GEMMA3_27B_VISION_PARAMS = 423_060_336
+
+
 def test_gemma3_counts_the_vision_tower_with_the_embeddings():
     census = load_census("gemma-3-27b")
-    assert census.embedding_params > census.vocab_size * census.hidden_size
+    # Exactly once: the token embeddings plus the tower and projector (counted twice, or not at all, would miss).
+    assert census.embedding_params == census.vocab_size * census.hidden_size + GEMMA3_27B_VISION_PARAMS
     assert census.vocab_size == 262_208  # Gemma3TextConfig's default: the published text_config omits it
     assert any("vision" in note for note in census.notes)
     assert any("vocab_size=262208" in note for note in census.notes)
