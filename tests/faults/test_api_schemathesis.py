@@ -11,22 +11,22 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from console.accounts.tokens import issue_token
 from console.wsgi import application
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
-TOKEN = "f" * 40  # the fuzzing user's token, made by the api_user fixture in each test's database
+ISSUED: dict[str, str] = {}  # the fuzzing user's token ("secret"), issued by api_user in each test's database
 
 
 @pytest.fixture
 def api_user(live_engine, make_user):
     user = make_user("viewer", "operator", "reviewer", name="fuzz")
-    Token.objects.create(user=user, key=TOKEN)
+    ISSUED["secret"] = issue_token(user).secret
     return user
 
 
@@ -61,7 +61,7 @@ class TokenAuth:
     it are refused (the ignored_auth check)."""
 
     def get(self, case, context) -> str:
-        return TOKEN
+        return ISSUED["secret"]
 
     def set(self, case, data: str, context) -> None:
         case.headers = {**(case.headers or {}), "Authorization": f"Token {data}"}
