@@ -47,7 +47,7 @@ def _subject(user) -> str:
 
 
 def _new_secret() -> str:
-    while True:  # a prefix is unique: draw again on the (2^-48-rare) clash with a stored one
+    while True:  # prefixes are unique: on the rare clash (48 random bits) with a stored one, draw again
         secret = secrets.token_urlsafe(_SECRET_BYTES)
         if not ApiToken.objects.filter(prefix=prefix_of(secret)).exists():
             return secret

@@ -20,9 +20,9 @@ def adopt_legacy_tokens(api_token_model, connection) -> int:
     whose prefix another one already took is dropped with the table: its holder gets a new token at next login."""
     if LEGACY_TABLE not in connection.introspection.table_names():
         return 0
-    table, key, user_id, created = map(connection.ops.quote_name, (LEGACY_TABLE, "key", "user_id", "created"))
+    table, *columns = map(connection.ops.quote_name, (LEGACY_TABLE, "key", "user_id", "created"))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {key}, {user_id}, {created} FROM {table}")
+        cursor.execute(f"SELECT {', '.join(columns)} FROM {table}")
         rows = cursor.fetchall()
     adopted = 0
     for key, user_id, created in rows:
