@@ -20,6 +20,9 @@ class TokenRequestSerializer(AuthTokenSerializer):
 
 
 class IssuedTokenSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text="Send it as `Authorization: Token <token>`.")
+    token = serializers.CharField(help_text="The secret: send it as `Authorization: Token <token>`. Shown this once; "
+                                            "the console keeps only its hash, so keep it now.")
+    prefix = serializers.CharField(help_text="The token's first characters, not secret: what names it afterwards "
+                                             "(the audit trail, the admin's list).")
     expires_at = serializers.DateTimeField(
         help_text="When the token stops working (SEAM_TOKEN_TTL_S after it was issued); POST again for a new one.")

@@ -15,9 +15,9 @@ from django.contrib.auth.signals import user_login_failed
 from django.db.models.signals import post_save, pre_save
 from django.dispatch import receiver
 from django.http import HttpRequest
-from rest_framework.authtoken.models import Token
 from rest_framework.request import Request
 
+from console.accounts.models import ApiToken
 from console.accounts.tokens import revoke_tokens
 from console.audit.services import record
 
@@ -95,5 +95,5 @@ def drop_tokens_on_password_change(sender, instance, created: bool = False, **kw
     if not getattr(instance, "_seam_password_changed", False):
         return
     instance._seam_password_changed = False
-    if Token.objects.filter(user=instance).exists():
+    if ApiToken.objects.filter(user=instance).exists():
         revoke_tokens(instance, actor=None, reason="password changed")

@@ -59,17 +59,20 @@ def _valid(serializer_class, data):
 
 
 class TokenView(ApiErrors, ObtainAuthToken):
-    """POST username + password -> {"token", "expires_at"} (send it as `Authorization: Token <token>`).
+    """POST username + password -> {"token", "prefix", "expires_at"} (send it as `Authorization: Token <token>`).
 
-    The same token comes back until it expires; after that a new one (rotation). Failed logins count toward
-    django-axes' lockout (console.accounts); a client address is also rate-limited here (ScopedRateThrottle).
+    Every POST issues a new token and the user's previous one stops working: the console stores only a hash, so
+    the secret is in this answer and nowhere else. Failed logins count toward django-axes' lockout
+    (console.accounts); a client address is also rate-limited here (ScopedRateThrottle).
     """
 
     serializer_class = TokenRequestSerializer
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "auth-token"
 
-    @extend_schema(request=TokenRequestSerializer, responses={200: IssuedTokenSerializer, 429: ErrorSerializer})
+    @extend_schema(request=TokenRequestSerializer, responses={200: IssuedTokenSerializer, 429: ErrorSerializer},
+                   description="Issues a new token on every call, replacing the caller's previous one (one per user): "
+                               "the secret is shown in this answer only, and named by its prefix afterwards.")
     def post(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
         if not serializer.is_valid():
@@ -78,8 +81,9 @@ class TokenView(ApiErrors, ObtainAuthToken):
             raise ValidationError(serializer.errors)
         user = serializer.validated_data["user"]
         clear_failures(request, user)
-        token = issue_token(user)
-        return Response(IssuedTokenSerializer({"token": token.key, "expires_at": expires_at(token)}).data)
+        issued = issue_token(user)
+        return Response(IssuedTokenSerializer({"token": issued.secret, "prefix": issued.token.prefix,
+                                               "expires_at": expires_at(issued.token)}).data)
 
 
 class RevokeTokenView(ApiErrors, APIView):

@@ -11,9 +11,9 @@ import hashlib
 import json
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from console.accounts.tokens import issue_token
 from console.api.parsers import MAX_BODY_BYTES, MAX_DEPTH
 from console.audit.models import AuditEvent
 from console.audit.services import verify_chain
@@ -63,7 +63,7 @@ BAD_BODIES = [
 @pytest.fixture
 def token_client(operator):
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=operator).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(operator).secret}")
     return client
 
 

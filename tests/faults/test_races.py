@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from fault_helpers import operations_total, wait_until
 from job_helpers import actions, at_once, other_cut, wait_for_end
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from console.accounts.tokens import issue_token
 from console.jobs import services, worker
 from console.jobs.models import Approval, Job
 from console.jobs.tasks import run_job
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _approve_call(user, job_id: int, plan_hash: str):
-    key = Token.objects.create(user=user).key
+    key = issue_token(user).secret
 
     def call():
         client = APIClient()

@@ -19,9 +19,9 @@ from axes.models import AccessAttempt
 from django.conf import settings
 from django.test import AsyncClient
 from login_users import PASSWORD
-from rest_framework.authtoken.models import Token
 from rest_framework.throttling import ScopedRateThrottle
 
+from console.accounts.models import ApiToken
 from console.api.views import TokenView
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_throttle_history")]
@@ -84,7 +84,7 @@ def test_thirty_wrong_passwords_on_the_token_api_lock_it_and_the_right_one_is_re
     body = locked.json()
     assert body["code"] == "LockedOut" and "even with the right password" in body["detail"]
     assert locked["Retry-After"] == str(settings.SEAM_LOGIN_COOLOFF_S)
-    assert not Token.objects.filter(user=vic).exists()
+    assert not ApiToken.objects.filter(user=vic).exists()
 
 
 def test_the_lock_is_per_username_and_address(client, vic, make_user, lockout_only):

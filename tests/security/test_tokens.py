@@ -1,6 +1,7 @@
-"""API tokens (issue 13, item 5): they expire (SEAM_TOKEN_TTL_S) and are deleted when seen expired, the token
-endpoint rotates an expired one, a holder can revoke theirs, and every way of changing a password drops them —
-but not Django re-hashing the same password at login."""
+"""API tokens (issue 13, item 5): they expire (SEAM_TOKEN_TTL_S) and are deleted when seen expired, every login
+at the token endpoint issues a new one in place of the last, a holder can revoke theirs, and every way of changing
+a password drops them — but not Django re-hashing the same password at login. How they are stored (hashed):
+test_token_storage.py."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.management import call_command
 from django.utils import timezone
 from login_users import PASSWORD
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from console.accounts.models import ApiToken, prefix_of
+from console.accounts.tokens import expires_at, issue_token
 from console.audit.models import AuditEvent
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_throttle_history")]
@@ -35,8 +37,12 @@ def _as(key: str) -> APIClient:
     return client
 
 
+def _stored(key: str):
+    return ApiToken.objects.filter(prefix=prefix_of(key))
+
+
 def _age(key: str, seconds: float) -> None:
-    Token.objects.filter(key=key).update(created=timezone.now() - dt.timedelta(seconds=seconds))
+    _stored(key).update(created=timezone.now() - dt.timedelta(seconds=seconds))
 
 
 def _actions(subject: str = "user:vic") -> list[str]:
@@ -46,9 +52,11 @@ def _actions(subject: str = "user:vic") -> list[str]:
 def test_the_token_answer_says_when_it_expires(vic, settings):
     settings.SEAM_TOKEN_TTL_S = 3600
     body = _obtain()
-    token = Token.objects.get(key=body["token"])
+    token = ApiToken.objects.get(prefix=body["prefix"])
     assert dt.datetime.fromisoformat(body["expires_at"]) == token.created + dt.timedelta(seconds=3600)
     assert _actions() == ["auth.token_issued"]
+    assert AuditEvent.objects.get(action="auth.token_issued").payload == {
+        "prefix": body["prefix"], "replaced": None, "expires_at": expires_at(token).isoformat()}
 
 
 def test_an_expired_token_is_refused_with_401_and_deleted(vic, settings):
@@ -58,32 +66,40 @@ def test_an_expired_token_is_refused_with_401_and_deleted(vic, settings):
     refused = _as(key).get(READ_URL)
     assert refused.status_code == 401 and refused["WWW-Authenticate"] == "Token"
     assert refused.json()["detail"] == "token expired: POST /api/v1/auth/token/ for a new one"
-    assert not Token.objects.filter(key=key).exists()
+    assert not _stored(key).exists()
 
 
-def test_a_token_within_its_lifetime_is_handed_back_unchanged(vic, settings):
-    key = _obtain()["token"]
-    _age(key, settings.SEAM_TOKEN_TTL_S - 60)
-    assert _obtain()["token"] == key
+def test_each_login_issues_a_new_token_and_the_previous_one_stops_working(vic, settings):
+    """The secret is not stored, so it cannot be handed back: a second login replaces the first's live token."""
+    first = _obtain()
+    _age(first["token"], settings.SEAM_TOKEN_TTL_S - 60)
+    second = _obtain()
+    assert second["token"] != first["token"] and second["prefix"] != first["prefix"]
+    assert _as(first["token"]).get(READ_URL).status_code == 401
+    assert _as(second["token"]).get(READ_URL).status_code == 200
+    assert list(ApiToken.objects.filter(user=vic).values_list("prefix", flat=True)) == [second["prefix"]]
+    issued = AuditEvent.objects.filter(action="auth.token_issued").order_by("seq")
+    assert [event.payload["replaced"] for event in issued] == [None, first["prefix"]]
 
 
 def test_the_token_endpoint_rotates_an_expired_token(vic, settings):
     old = _obtain()["token"]
     _age(old, settings.SEAM_TOKEN_TTL_S + 1)
     new = _obtain()["token"]
-    assert new != old and not Token.objects.filter(key=old).exists()
+    assert new != old and not _stored(old).exists()
     assert _as(new).get(READ_URL).status_code == 200 and _as(old).get(READ_URL).status_code == 401
     issued = AuditEvent.objects.filter(action="auth.token_issued").order_by("seq")
-    assert [event.payload["replaced_expired"] for event in issued] == [False, True]
+    assert [event.payload["replaced"] for event in issued] == [None, prefix_of(old)]
 
 
 def test_revoking_ends_the_callers_token_at_once_and_is_audited(vic):
     key = _obtain()["token"]
     response = _as(key).post(REVOKE_URL)
-    assert response.status_code == 204 and not Token.objects.filter(key=key).exists()
+    assert response.status_code == 204 and not _stored(key).exists()
     assert _as(key).get(READ_URL).status_code == 401
     event = AuditEvent.objects.get(action="auth.token_revoked")
-    assert event.actor == vic and event.subject == "user:vic" and event.payload["tokens"] == 1
+    assert event.actor == vic and event.subject == "user:vic"
+    assert event.payload == {"tokens": 1, "prefix": prefix_of(key), "reason": "revoked by its user"}
     assert _obtain()["token"] != key  # a new login gets a new one
 
 
@@ -115,9 +131,10 @@ def test_a_password_change_drops_the_users_token(vic, monkeypatch, change):
     user = type(vic).objects.get(pk=vic.pk)
     {"set_password": _set_password, "admin form": _admin_form,
      "changepassword": lambda u: _changepassword(u, monkeypatch)}[change](user)
-    assert not Token.objects.filter(key=key).exists() and _as(key).get(READ_URL).status_code == 401
+    assert not _stored(key).exists() and _as(key).get(READ_URL).status_code == 401
     event = AuditEvent.objects.get(action="auth.token_revoked")
-    assert event.actor is None and event.payload == {"tokens": 1, "reason": "password changed"}
+    assert event.actor is None
+    assert event.payload == {"tokens": 1, "prefix": prefix_of(key), "reason": "password changed"}
 
 
 def test_saving_a_user_without_changing_the_password_keeps_the_token(vic):
@@ -126,15 +143,16 @@ def test_saving_a_user_without_changing_the_password_keeps_the_token(vic):
     vic.save()
     vic.set_password(PASSWORD)  # the same password, but set again: still a password change (a new salt, a new hash)
     vic.save(update_fields=["first_name"])  # ... that this save does not write
-    assert Token.objects.filter(key=key).exists()
+    assert _stored(key).exists()
 
 
-def test_rehashing_the_same_password_at_login_keeps_the_token(vic, settings):
+def test_rehashing_the_same_password_at_login_keeps_the_token(vic, client):
     """Django re-hashes a password stored with outdated parameters when it checks it: not a password change."""
     vic.password = PBKDF2PasswordHasher().encode(PASSWORD, "seamsalt", iterations=1000)
     vic.save()
-    key = Token.objects.create(user=vic).key
-    assert _obtain()["token"] == key  # authenticate() re-hashed with the current iterations and saved
+    key = issue_token(vic).secret
+    # The page's login: the token endpoint's would re-hash too, but then replace the token anyway.
+    assert client.post("/login/", {"username": "vic", "password": PASSWORD}).status_code == 302
     vic.refresh_from_db()
     assert f"${PBKDF2PasswordHasher.iterations}$" in vic.password
     assert _as(key).get(READ_URL).status_code == 200

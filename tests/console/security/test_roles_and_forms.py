@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test import Client
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from console.accounts.tokens import issue_token
 from console.audit.models import AuditEvent
 from console.jobs.models import Approval, Job
 
@@ -31,7 +31,7 @@ def _csrf_token(client: Client) -> str:
 
 def _token_client(user) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(user).secret}")
     return client
 
 
