@@ -6,23 +6,54 @@ knows what a plan body is; ProposeSerializer only documents it in the schema.
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.audit.models import AuditEvent
 from console.jobs.choices import JobKind
 from console.jobs.models import Job
+from console.jobs.verdicts import speed_check
 
 __all__ = ["ApproveSerializer", "AuditEventSerializer", "ErrorSerializer", "JobSerializer", "ProposeSerializer",
-           "RejectSerializer"]
+           "RejectSerializer", "SpeedupSerializer"]
+
+
+class SpeedupSerializer(serializers.Serializer):
+    """A succeeded job's pipelined speedup, predicted and measured, and the noise floor that judges it."""
+
+    predicted = serializers.FloatField(allow_null=True)
+    measured = serializers.FloatField(allow_null=True)
+    noise_floor = serializers.FloatField(allow_null=True, help_text="The floor the prediction was made with.")
+    error = serializers.FloatField(allow_null=True, help_text="measured / predicted - 1, once both are known.")
+    missed = serializers.BooleanField(allow_null=True, help_text="|error| > noise_floor, once both are known.")
 
 
 class JobSerializer(serializers.ModelSerializer):
+    outcome = serializers.CharField(read_only=True, help_text='The status with the speed verdict, e.g. "succeeded, '
+                                                              'missed prediction".')
+    speedup = serializers.SerializerMethodField()
+    reverted_by = serializers.PrimaryKeyRelatedField(many=True, read_only=True,
+                                                     help_text="The jobs proposed to revert this one.")
+
     class Meta:
         model = Job
-        fields = ["id", "kind", "status", "target", "plan_hash", "prediction", "measured", "plan", "proposer_name",
-                  "engine_operation_id", "phase", "progress", "error", "created", "updated", "not_before",
-                  "queued_at", "started_at", "finished_at"]
+        fields = ["id", "kind", "status", "outcome", "speed_verdict", "speedup", "target", "plan_hash", "prediction",
+                  "measured", "plan", "proposer_name", "engine_operation_id", "phase", "progress", "error", "created",
+                  "updated", "not_before", "queued_at", "started_at", "finished_at", "incumbent_layout", "reverts",
+                  "reverted_by"]
         read_only_fields = fields
+
+    @extend_schema_field(SpeedupSerializer(allow_null=True))
+    def get_speedup(self, job: Job) -> dict | None:
+        """None until the job has a layout prediction (it ran on the engine)."""
+        prediction = getattr(job, "layout_prediction", None)
+        if prediction is None:
+            return None
+        check = speed_check(prediction.predicted_speedup, prediction.measured_speedup, prediction.noise_floor)
+        if check is not None:
+            return check.to_dict()
+        return {"predicted": prediction.predicted_speedup, "measured": prediction.measured_speedup,
+                "noise_floor": prediction.noise_floor, "error": None, "missed": None}
 
 
 class ProposeSerializer(serializers.Serializer):

@@ -135,7 +135,7 @@ STATUS_FILTER = OpenApiParameter(
 
 
 class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    queryset = Job.objects.all()
+    queryset = Job.objects.select_related("layout_prediction").prefetch_related("reverted_by")
     serializer_class = JobSerializer
     permission_classes = [IsAuthenticated, HasRole]
     pagination_class = Pages
@@ -209,6 +209,16 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         return self._answer(services.cancel(request.user, self.get_object(), request_id=request.request_id))
+
+    @extend_schema(request=None, responses={201: JobSerializer, 409: ErrorSerializer, 422: ErrorSerializer,
+                                            503: ErrorSerializer})
+    @action(detail=True, methods=["post"])
+    def revert(self, request, pk=None):
+        """Propose a revert (operator) of a succeeded job that missed its predicted speedup: a new proposed job back
+        to the layout it replaced (`reverts` names this job), reviewed like any other. 409 if the job did not miss
+        its prediction, or the engine no longer runs the layout it left."""
+        job = services.propose_revert(request.user, self.get_object(), request_id=request.request_id)
+        return self._answer(job, status.HTTP_201_CREATED)
 
 
 AUDIT_FILTERS = [OpenApiParameter(name, str, description=f"exact {name}") for name in ("action", "subject", "actor")]

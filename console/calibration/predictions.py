@@ -5,7 +5,9 @@ times), and per rank stage ms and the pipelined speedup from the timing fitted o
 the job started (console.calibration.fitting), at the plan's cut with the layout before the job as incumbent.
 Measured: the pool the ranks allocated at the job's end, and the stage ms and decode tok/s of the first later
 measurement of the resulting layout that has decode steps. Errors are (measured - predicted) / predicted, computed
-only when the engine runs the predicted cut and shape (not after a rollback or a failure).
+only when the engine runs the predicted cut and shape (not after a rollback or a failure). Each time a prediction is
+made or completed, the job's speed verdict follows (console.jobs.verdicts), judged by the noise floor stored with the
+prediction.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from console.calibration.fitting import Timing, timing_for
 from console.calibration.models import JobPrediction, MeasuredLayout
 from console.calibration.running import fit_samples, newest_per_layout
+from console.jobs import verdicts
 from console.jobs.models import Job, LayoutObservation
 from solvers.errors import SolverError
 from solvers.rig import load_rig
+from solvers.verdict import relative_error, speedup
 
 __all__ = ["fill_measured", "predict", "prediction_dict", "summary"]
 
@@ -29,7 +34,7 @@ __all__ = ["fill_measured", "predict", "prediction_dict", "summary"]
 def _error(measured: float | None, predicted: float | None) -> float | None:
     if measured is None or not predicted:
         return None
-    return round((measured - predicted) / predicted, 6)
+    return round(relative_error(measured, predicted), 6)
 
 
 def _cut_of(fingerprint: str) -> list[int] | None:
@@ -81,14 +86,24 @@ def predict(job: Job, state: dict, row: MeasuredLayout | None, engine_url: str) 
         pool_error=_error(measured_pool, predicted_pool) if comparable else None, notes=notes)
     if timing is not None:
         prediction.timing_source, prediction.timing_samples = timing.source, timing.fit.samples if timing.fit else 0
+        prediction.noise_floor = timing.model.noise_floor
         prediction.predicted_stage_ms = [round(ms, 4) for ms in timing.model.stage_ms(after)]
         if before:
             prediction.predicted_speedup = round(timing.model.evaluate(after).x_pipelined, 6)
             prediction.predicted_speedup_interval = timing.speedup_interval(after)
     if row is not None and row.decode_steps and comparable:
         _fill(prediction, row)
-    prediction.save()
+    with transaction.atomic():
+        prediction.save()
+        _judge(prediction)
     return prediction
+
+
+def _judge(prediction: JobPrediction) -> None:
+    """The job's speed verdict from its prediction as it stands (console.jobs.verdicts)."""
+    verdicts.judge_speed(prediction.job_id, predicted=prediction.predicted_speedup,
+                         measured=prediction.measured_speedup, noise_floor=prediction.noise_floor,
+                         awaiting=prediction.awaiting_measurement)
 
 
 def _fill(prediction: JobPrediction, row: MeasuredLayout) -> None:
@@ -102,7 +117,7 @@ def _fill(prediction: JobPrediction, row: MeasuredLayout) -> None:
     before = MeasuredLayout.objects.filter(fingerprint=prediction.before_fingerprint, engine_url=row.engine_url,
                                            measured_at__lt=prediction.created).with_decode().first()
     if before is not None and before.pipelined_ms:
-        prediction.measured_speedup = round(before.pipelined_ms / max(measured), 6)
+        prediction.measured_speedup = round(speedup(before.pipelined_ms, max(measured)), 6)
 
 
 def fill_measured(row: MeasuredLayout) -> int:
@@ -113,6 +128,7 @@ def fill_measured(row: MeasuredLayout) -> int:
     for prediction in waiting:
         _fill(prediction, row)
         prediction.save()
+        _judge(prediction)
         filled += 1
     return filled
 
@@ -145,7 +161,8 @@ def prediction_dict(prediction: JobPrediction) -> dict:
                          "errors": prediction.stage_errors, "error": prediction.stage_error},
             "speedup": {"predicted": prediction.predicted_speedup,
                         "interval": prediction.predicted_speedup_interval,
-                        "measured": prediction.measured_speedup},
+                        "measured": prediction.measured_speedup, "noise_floor": prediction.noise_floor,
+                        "verdict": job.speed_verdict},
             "decode_tok_s": prediction.measured_decode_tok_s,
             "timing": {"source": prediction.timing_source, "samples": prediction.timing_samples},
             "measured_at": prediction.measured_at.isoformat() if prediction.measured_at else None,

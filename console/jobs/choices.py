@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from django.db import models
 
-__all__ = ["ACTIVE", "CANCELLABLE", "TERMINAL", "TRANSITIONS", "JobKind", "JobStatus", "can_move"]
+__all__ = ["ACTIVE", "CANCELLABLE", "TERMINAL", "TRANSITIONS", "UNJUDGED", "JobKind", "JobStatus",
+           "SpeedVerdict", "can_move"]
 
 
 class JobKind(models.TextChoices):
@@ -31,6 +32,19 @@ class JobStatus(models.TextChoices):
     STALE = "stale", "Stale"
     CANCELLED = "cancelled", "Cancelled"
 
+
+class SpeedVerdict(models.TextChoices):
+    """A succeeded job's measured speedup against its predicted one (console.jobs.verdicts); blank: no verdict (the
+    job did not succeed, or nothing was predicted for it). The job's status stays `succeeded` whatever this says."""
+
+    PENDING = "pending", "awaiting a speed measurement"
+    MET = "met", "met prediction"
+    MISSED = "missed", "missed prediction"
+    UNMEASURED = "unmeasured", "speed not judged"
+
+
+# Verdicts that may still change (to met or missed, by the first measurement of the new layout); the others are final.
+UNJUDGED: frozenset[str] = frozenset({"", SpeedVerdict.PENDING})
 
 S = JobStatus
 

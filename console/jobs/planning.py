@@ -71,7 +71,9 @@ def _field_of(message: str) -> str | None:
     return head if head and len(head) <= 64 and " " not in head else None
 
 
-def plan(kind: str, target: dict, seen: str | None, client: EngineClient | None) -> tuple[dict, str]:
+def plan(kind: str, target: dict, seen: str | None, client: EngineClient | None) -> tuple[dict, str, dict]:
+    """The engine's plan, its hash, and the layout it was made for ({fingerprint, cut, shape}: what a revert of the
+    job goes back to)."""
     with _engine(client, "plan") as engine:
         state = engine.state()
         current = state["fingerprint"]
@@ -91,4 +93,4 @@ def plan(kind: str, target: dict, seen: str | None, client: EngineClient | None)
         advice = advise_length(plan["target"], state["cut"], state["shape"]) if kind == JobKind.SHAPE else None
         raise PlanInfeasible([str(reason) for reason in reply.get("reasons") or plan["predicted"].get("reasons", [])],
                              advice)
-    return plan, plan_hash
+    return plan, plan_hash, {"fingerprint": current, "cut": state["cut"], "shape": state["shape"]}

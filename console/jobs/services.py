@@ -10,7 +10,10 @@
     queue_due(now=None)            beat: scheduled jobs whose not_before has come, approved -> queued, handed over
     reject(user, job, reason=)     reviewer: proposed -> rejected; the engine is never asked
     cancel(user, job)              operator, own job, before it runs: -> cancelled
-    (a refused propose, approve, reject or cancel is an audit event too: `job.<verb>_refused`, console.jobs.refusals)
+    propose_revert(user, job)      operator: a succeeded job that missed its predicted speedup -> a new proposed job
+                                   back to the layout it replaced, linked to it (`reverts`), reviewed like any other
+    (a refused propose, approve, reject, cancel or revert is an audit event too: `job.<verb>_refused`,
+    console.jobs.refusals)
     start / record_operation / report_progress / finish     the worker's side (console.jobs.execution)
 
 Every transition is compare-and-set on the status (an UPDATE filtered on the expected status, refused unless
@@ -33,11 +36,11 @@ from django.utils import timezone
 
 from console.audit.services import record
 from console.jobs import planning, schedule, webhooks
-from console.jobs.choices import CANCELLABLE, JobStatus
+from console.jobs.choices import ACTIVE, CANCELLABLE, JobKind, JobStatus, SpeedVerdict
 from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict, InvalidProposal, JobError, NotAllowed
 from console.jobs.execution import finish, hand_off, record_operation, report_progress, start
-from console.jobs.models import Approval, Job
+from console.jobs.models import Approval, Job, LayoutCause
 from console.jobs.refusals import body_digest, records_refusals, refuse_proposal
 from console.jobs.roles import OPERATOR, REVIEWER
 from console.jobs.transitions import (
@@ -55,8 +58,8 @@ log = logging.getLogger("seam.jobs")
 
 # The worker's side lives in console.jobs.execution; it is named here too so that every caller goes through
 # this one module.
-__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "propose", "queue_due", "record_operation",
-           "reject", "report_progress", "required_approvals", "revise", "start"]
+__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "propose", "propose_revert", "queue_due",
+           "record_operation", "reject", "report_progress", "required_approvals", "revise", "start"]
 
 # --- the operator's side -----------------------------------------------------------------------
 
@@ -73,19 +76,27 @@ def propose(user, body: object, *, request_id: str | None = None, client: Engine
         require_role(user, OPERATOR, "proposing a job")
         plan_body, not_before = schedule.split_schedule(body)
         kind, target, seen = planning.parse_body(plan_body)
-        plan, plan_hash = planning.plan(kind, target, seen, client)
+        plan, plan_hash, incumbent = planning.plan(kind, target, seen, client)
     except JobError as refusal:
         refuse_proposal(user, body_digest(body), refusal, request_id=request_id)
         raise
+    return _create(user, kind, plan, plan_hash, incumbent, not_before=not_before, request_id=request_id)
+
+
+def _create(user, kind: str, plan: dict, plan_hash: str, incumbent: dict, *, not_before=None,
+            reverts: Job | None = None, request_id: str | None = None) -> Job:
+    """Store a priced plan as a proposed job, audited (`job.proposed`), published and announced on commit."""
     with transaction.atomic():
         job = Job.objects.create(
             kind=kind, target=plan["target"], plan=plan, plan_hash=plan_hash, prediction=plan["predicted"],
-            proposer=user, proposer_name=user.get_username(), status=JobStatus.PROPOSED, not_before=not_before)
+            proposer=user, proposer_name=user.get_username(), status=JobStatus.PROPOSED, not_before=not_before,
+            incumbent_layout=incumbent, reverts=reverts)
         record(actor=user, action="job.proposed", subject=subject_of(job), request_id=request_id,
                payload={"kind": kind, "target": job.target, "plan_hash": plan_hash,
                         "incumbent_fingerprint": job.incumbent_fingerprint,
                         "predicted_pool_tokens": job.prediction.get("pool_tokens"),
-                        "not_before": not_before.isoformat() if not_before else None},
+                        "not_before": not_before.isoformat() if not_before else None,
+                        "reverts": reverts.pk if reverts else None},
                after={"status": JobStatus.PROPOSED})
         publish_on_commit(job)
         transaction.on_commit(partial(webhooks.announce, job, None), robust=True)
@@ -108,13 +119,13 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
     kind, target, seen = planning.parse_body(body if body is not None else {"kind": job.kind, "target": job.target})
     if kind != job.kind:
         raise InvalidProposal(f"kind: job {job.pk} is a {job.kind} job; propose a new job for a {kind}", "kind")
-    plan, plan_hash = planning.plan(kind, target, seen, client)
+    plan, plan_hash, incumbent = planning.plan(kind, target, seen, client)
     if plan_hash == job.plan_hash:
         return job
     with transaction.atomic():
         changed = Job.objects.filter(pk=job.pk, status=JobStatus.PROPOSED, plan_hash=job.plan_hash).update(
             target=plan["target"], plan=plan, plan_hash=plan_hash, prediction=plan["predicted"],
-            updated=timezone.now())
+            incumbent_layout=incumbent, updated=timezone.now())
         if changed != 1:
             raise Conflict(f"job {job.pk} changed while it was being revised; look at it again")
         dismissed = job.approvals.filter(plan_hash=job.plan_hash).count()
@@ -138,6 +149,49 @@ def cancel(user, job: Job | int, *, request_id: str | None = None) -> Job:
     if job.status not in CANCELLABLE:
         raise Conflict(f"job {job.pk} is {job.status}: only a job that has not started can be cancelled")
     return transition(job.pk, job.status, JobStatus.CANCELLED, actor=user, request_id=request_id)
+
+
+@records_refusals("revert")
+def propose_revert(user, job: Job | int, *, request_id: str | None = None, client: EngineClient | None = None) -> Job:
+    """Propose going back to the layout a job replaced, once it succeeded and missed its predicted speedup: a new
+    proposed job (through the same review gate as any other) whose target is that layout, linked to the job it
+    reverts. Refused unless the job missed its prediction, and when the engine no longer runs the layout the job
+    left (then there is nothing of the job's to undo: the plan would be priced against another layout)."""
+    require_role(user, OPERATOR, "proposing a revert")
+    job = get_job(job)
+    kind, target, left = _revert_request(job)
+    try:
+        plan, plan_hash, incumbent = planning.plan(kind, target, left, client)
+    except Conflict as moved:
+        raise Conflict(f"job {job.pk}'s layout {left} is no longer the engine's ({moved}): nothing of job {job.pk}'s "
+                       "to revert; propose the layout you want") from moved
+    with transaction.atomic():
+        revert = _create(user, kind, plan, plan_hash, incumbent, reverts=job, request_id=request_id)
+        record(actor=user, action="job.revert_proposed", subject=subject_of(job), request_id=request_id,
+               payload={"revert": revert.pk, "target": revert.target, "plan_hash": plan_hash})
+    return revert
+
+
+def _revert_request(job: Job) -> tuple[str, dict, str]:
+    """(kind, target, fingerprint of the layout the job left) of the job's revert; Conflict naming why there is
+    none."""
+    if job.status != JobStatus.SUCCEEDED or job.speed_verdict != SpeedVerdict.MISSED:
+        raise Conflict(f"job {job.pk} is {job.outcome}: only a succeeded job that missed its prediction is offered a "
+                       "revert")
+    previous = job.incumbent_layout
+    if not isinstance(previous, dict):
+        raise Conflict(f"the layout job {job.pk} replaced was not recorded when it was proposed: propose it by hand")
+    left = job.layout_observations.filter(cause=LayoutCause.JOB).order_by("-observed_at", "-id").first()
+    if left is None:
+        raise Conflict(f"the layout job {job.pk} left was never seen (the engine could not be read as it ended)")
+    pending = job.reverted_by.filter(status__in=ACTIVE).order_by("pk").first()
+    if pending is not None:
+        raise Conflict(f"job {pending.pk} already proposes to revert job {job.pk} (it is {pending.status})")
+    if job.kind == JobKind.SHAPE:
+        target = dict(previous["shape"])
+    else:
+        target = {"cut" if job.kind == JobKind.CUT else "rung": list(previous["cut"])}
+    return job.kind, target, left.fingerprint
 
 
 # --- the reviewer's side -----------------------------------------------------------------------

@@ -5,9 +5,12 @@ Celery task per URL of SEAM_WEBHOOK_URLS to the broker; the task POSTs
 
     {"event": "job.status", "delivery": <uuid>, "ts": <ISO 8601>,
      "job": {id, kind, status, previous_status, plan_hash, target, incumbent_fingerprint, proposer, not_before,
-             error, engine_operation_id, updated}}
+             error, engine_operation_id, speed_verdict, outcome, updated}}
 
-with `X-Seam-Signature: sha256=<hex HMAC-SHA256 of the exact body under SEAM_WEBHOOK_KEY>` and `X-Seam-Delivery`.
+with `X-Seam-Signature: sha256=<hex HMAC-SHA256 of the exact body under SEAM_WEBHOOK_KEY>`, `X-Seam-Delivery` and
+`X-Seam-Event`. When a succeeded job's measured speedup misses its prediction (console.jobs.verdicts),
+`announce_missed_prediction` sends `{"event": "job.missed_prediction", ..., "job": {...},
+"speedup": {predicted, measured, noise_floor, error, missed}}` the same way.
 The body is made and signed once, where the change was made, so every retry sends the same bytes. A failed POST
 (no answer, 5xx, 408, 425, 429) is tried again after SEAM_WEBHOOK_BACKOFF_S, doubling, at most SEAM_WEBHOOK_RETRIES
 times; the last failure is logged. Nothing here can block or fail the change: it has committed already, and every
@@ -22,6 +25,7 @@ import hmac
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -30,12 +34,15 @@ from django.conf import settings
 from django.utils import timezone
 
 from console.jobs.models import Job
+from solvers.verdict import SpeedCheck
 
-__all__ = ["EVENT", "DeliveryFailed", "announce", "deliver", "job_event", "post", "sign", "signature_matches"]
+__all__ = ["EVENT", "MISSED_PREDICTION", "DeliveryFailed", "announce", "announce_missed_prediction", "deliver",
+           "job_event", "post", "sign", "signature_matches"]
 
 log = logging.getLogger("seam.webhooks")
 
 EVENT = "job.status"
+MISSED_PREDICTION = "job.missed_prediction"
 SIGNATURE_HEADER, DELIVERY_HEADER = "X-Seam-Signature", "X-Seam-Delivery"
 RETRY_STATUSES = frozenset({408, 425, 429})
 
@@ -58,13 +65,13 @@ def signature_matches(body: bytes, header: str, key: str) -> bool:
     return hmac.compare_digest(sign(body, key), header or "")
 
 
-def job_event(job: Job, previous_status: str | None, delivery: str) -> dict:
-    return {"event": EVENT, "delivery": delivery, "ts": timezone.now().isoformat(), "job": {
+def job_event(job: Job, previous_status: str | None, delivery: str, event: str = EVENT) -> dict:
+    return {"event": event, "delivery": delivery, "ts": timezone.now().isoformat(), "job": {
         "id": job.pk, "kind": job.kind, "status": job.status, "previous_status": previous_status,
         "plan_hash": job.plan_hash, "target": job.target, "incumbent_fingerprint": job.incumbent_fingerprint,
         "proposer": job.proposer_name, "not_before": job.not_before.isoformat() if job.not_before else None,
-        "error": job.error, "engine_operation_id": job.engine_operation_id,
-        "updated": job.updated.isoformat() if job.updated else None}}
+        "error": job.error, "engine_operation_id": job.engine_operation_id, "speed_verdict": job.speed_verdict,
+        "outcome": job.outcome, "updated": job.updated.isoformat() if job.updated else None}}
 
 
 def _urls() -> list[str]:
@@ -80,26 +87,37 @@ def _urls() -> list[str]:
 
 def announce(job: Job, previous_status: str | None) -> None:
     """Send the job's (committed) status change to every webhook URL; call it on commit. Never raises."""
+    _send(job, EVENT, lambda delivery: job_event(job, previous_status, delivery), f"change to {job.status}")
+
+
+def announce_missed_prediction(job: Job, check: SpeedCheck) -> None:
+    """Send `job.missed_prediction` for a succeeded job whose measured speedup missed its prediction (the verdict
+    has committed); call it on commit. Never raises."""
+    _send(job, MISSED_PREDICTION, lambda delivery: {
+        **job_event(job, None, delivery, MISSED_PREDICTION), "speedup": check.to_dict()}, "missed prediction")
+
+
+def _send(job: Job, event: str, body_of: Callable[[str], dict], what: str) -> None:
     if not settings.SEAM_WEBHOOK_URLS:
         return
     try:
         key = settings.SEAM_WEBHOOK_KEY
         if not key:
-            log.error("SEAM_WEBHOOK_URLS is set but SEAM_WEBHOOK_KEY is not: job %s's change to %s is not sent "
-                      "(receivers could not verify it)", job.pk, job.status)
+            log.error("SEAM_WEBHOOK_URLS is set but SEAM_WEBHOOK_KEY is not: job %s's %s is not sent "
+                      "(receivers could not verify it)", job.pk, what)
             return
         for url in _urls():
             delivery = str(uuid.uuid4())
-            body = json.dumps(job_event(job, previous_status, delivery), sort_keys=True, separators=(",", ":"))
-            deliver.apply_async(args=(url, body, sign(body.encode(), key), delivery))
+            body = json.dumps(body_of(delivery), sort_keys=True, separators=(",", ":"))
+            deliver.apply_async(args=(url, body, sign(body.encode(), key), delivery, event))
     except Exception:  # the change has committed; a lost webhook must not undo or fail it
-        log.exception("could not send the webhooks of job %s's change to %s", job.pk, job.status)
+        log.exception("could not send the webhooks of job %s's %s", job.pk, what)
 
 
-def post(url: str, body: str, signature: str, delivery: str) -> int:
+def post(url: str, body: str, signature: str, delivery: str, event: str = EVENT) -> int:
     """POST one signed body; its HTTP status when the receiver accepted it (2xx), else DeliveryFailed."""
     headers = {"Content-Type": "application/json", SIGNATURE_HEADER: signature, DELIVERY_HEADER: delivery,
-               "X-Seam-Event": EVENT, "User-Agent": "seam-console-webhook"}
+               "X-Seam-Event": event, "User-Agent": "seam-console-webhook"}
     try:
         response = httpx.post(url, content=body.encode(), headers=headers, follow_redirects=False,
                               timeout=float(settings.SEAM_WEBHOOK_TIMEOUT_S))
@@ -113,11 +131,11 @@ def post(url: str, body: str, signature: str, delivery: str) -> int:
 
 # max_retries=None: the bound is SEAM_WEBHOOK_RETRIES, read when the task runs (below).
 @shared_task(name="console.jobs.webhooks.deliver", bind=True, ignore_result=True, max_retries=None)
-def deliver(self, url: str, body: str, signature: str, delivery: str) -> int | None:
+def deliver(self, url: str, body: str, signature: str, delivery: str, event: str = EVENT) -> int | None:
     """Deliver one webhook, retried with exponential backoff; the final failure is logged, never raised."""
     attempt = self.request.retries + 1
     try:
-        return post(url, body, signature, delivery)
+        return post(url, body, signature, delivery, event)
     except DeliveryFailed as failure:
         retries = max(0, int(settings.SEAM_WEBHOOK_RETRIES))
         if failure.retryable and attempt <= retries:

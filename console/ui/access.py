@@ -15,7 +15,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from rest_framework.permissions import SAFE_METHODS
 
-from console.jobs.choices import CANCELLABLE, JobStatus
+from console.jobs.choices import ACTIVE, CANCELLABLE, JobStatus, SpeedVerdict
 from console.jobs.models import Approval, Job
 from console.jobs.refusals import refuse_access
 from console.jobs.roles import OPERATOR, REVIEWER, roles_of
@@ -43,6 +43,7 @@ def console_page(view: Callable) -> Callable:
 class JobActions:
     review: bool  # approve or reject
     cancel: bool
+    revert: bool  # propose a revert of a succeeded job that missed its predicted speedup
 
 
 def job_actions(user, job: Job) -> JobActions:
@@ -50,4 +51,6 @@ def job_actions(user, job: Job) -> JobActions:
     review = (REVIEWER in roles and job.proposer_id != user.pk and job.status == JobStatus.PROPOSED
               and not Approval.objects.counting(job.plan_hash).filter(job=job, reviewer=user).exists())
     cancel = OPERATOR in roles and job.proposer_id == user.pk and job.status in CANCELLABLE
-    return JobActions(review=review, cancel=cancel)
+    revert = (OPERATOR in roles and job.status == JobStatus.SUCCEEDED and job.speed_verdict == SpeedVerdict.MISSED
+              and not job.reverted_by.filter(status__in=ACTIVE).exists())
+    return JobActions(review=review, cancel=cancel, revert=revert)

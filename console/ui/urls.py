@@ -25,6 +25,7 @@ urlpatterns = [
     path("jobs/<job_id:job_id>/approve/", job_actions.approve, name="job-approve"),
     path("jobs/<job_id:job_id>/reject/", job_actions.reject, name="job-reject"),
     path("jobs/<job_id:job_id>/cancel/", job_actions.cancel, name="job-cancel"),
+    path("jobs/<job_id:job_id>/revert/", job_actions.revert, name="job-revert"),
     path("audit/", audit.audit, name="audit"),
     path("audit/export/", audit.audit_export, name="audit-export"),
 ]

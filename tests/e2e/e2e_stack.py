@@ -92,6 +92,7 @@ class Stack:
     ready: threading.Event = field(default_factory=threading.Event)
     reader: threading.Thread | None = None
     clients: dict[str, httpx.Client] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # what the launcher was started with (its database, var dir)
 
     @property
     def url(self) -> str:
@@ -132,7 +133,7 @@ def launch(command: list[str], env: dict[str, str], port: int, engine_port: int,
     """Start `command` (console.run or `make run`) in its own process group and wait for its ready line."""
     launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    stack = Stack(launcher, port, engine_port, redis_server)
+    stack = Stack(launcher, port, engine_port, redis_server, env=env)
     stack.reader = threading.Thread(target=stack._read_output, daemon=True)
     stack.reader.start()
     deadline = time.monotonic() + timeout

@@ -35,6 +35,9 @@ class JobPrediction(models.Model):
     timing_source = models.CharField(max_length=16, blank=True, default="",
                                      help_text="measured (fitted) or rig (the rig's stage ms).")
     timing_samples = models.PositiveIntegerField(default=0)
+    noise_floor = models.FloatField(null=True, blank=True,
+                                    help_text="The noise floor the speedup was predicted with (the fit's, else the "
+                                              "rig's): a miss is a speedup error beyond it.")
     measured_stage_ms = models.JSONField(null=True, blank=True)
     measured_decode_tok_s = models.FloatField(null=True, blank=True)
     measured_speedup = models.FloatField(null=True, blank=True,

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from console.jobs.choices import ACTIVE, TERMINAL, JobKind, JobStatus
+from console.jobs.choices import ACTIVE, TERMINAL, JobKind, JobStatus, SpeedVerdict
 
 __all__ = ["Job"]
 
@@ -42,6 +42,14 @@ class Job(models.Model):
                                       help_text="Run no earlier than this; null runs as soon as it is approved.")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Judged on speed as well as memory once the new layout is measured (console.jobs.verdicts).
+    speed_verdict = models.CharField(max_length=16, choices=SpeedVerdict.choices, blank=True, default="",
+                                     help_text="The measured speedup against the predicted one; blank: no verdict.")
+    incumbent_layout = models.JSONField(null=True, blank=True,
+                                        help_text="The layout the plan was made for, as the engine reported it then "
+                                                  "({fingerprint, cut, shape}): what a revert goes back to.")
+    reverts = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverted_by",
+                                help_text="The job whose missed prediction this job proposes to undo.")
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -55,6 +63,11 @@ class Job(models.Model):
         """The layout the plan was made for; the worker refuses to apply it to any other (docs/architecture.md §4,
         rule 4)."""
         return self.plan.get("incumbent_fingerprint", "")
+
+    @property
+    def outcome(self) -> str:
+        """The status with the speed verdict, e.g. "succeeded, missed prediction"."""
+        return f"{self.status}, {self.get_speed_verdict_display()}" if self.speed_verdict else self.status
 
     @property
     def is_active(self) -> bool:

@@ -1,4 +1,5 @@
-"""The job page's buttons: approve (bound to the plan hash shown), reject and cancel, each one service call.
+"""The job page's buttons: approve (bound to the plan hash shown), reject, cancel and propose a revert, each one
+service call.
 
 A refusal from the service comes back to the job page as a message; a user without the role the action needs
 gets 403 (the service's NotAllowed is a PermissionDenied).
@@ -58,3 +59,20 @@ def reject(request, job_id: int):
 @console_page
 def cancel(request, job_id: int):
     return _act(request, job_id, lambda: services.cancel(request.user, job_id), "You cancelled job {job.pk}.")
+
+
+@require_POST
+@console_page
+def revert(request, job_id: int):
+    """Propose a revert of a job that missed its prediction; the new job's page follows, awaiting review."""
+    try:
+        job = services.propose_revert(request.user, job_id, request_id=getattr(request, "request_id", None))
+    except NotAllowed:
+        raise
+    except JobNotFound as error:
+        raise Http404(str(error)) from error
+    except JobError as error:
+        messages.error(request, str(error))
+        return redirect("job", job_id=job_id)
+    messages.success(request, f"You proposed job {job.pk} to revert job {job_id}; it awaits review.")
+    return redirect("job", job_id=job.pk)

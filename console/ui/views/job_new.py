@@ -95,7 +95,7 @@ def _prediction(form: ProposeForm) -> dict:
     try:
         plan_body, _not_before = schedule.split_schedule(form.cleaned_data["body"])
         kind, target, _seen = planning.parse_body(plan_body)
-        plan, plan_hash = planning.plan(kind, target, None, None)  # priced against the layout running now
+        plan, plan_hash, _incumbent = planning.plan(kind, target, None, None)  # priced against the layout running now
     except EngineUnavailable as error:
         return {"engine_error": str(error), "status": 503}
     except JobError as error:

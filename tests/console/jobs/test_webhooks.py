@@ -235,7 +235,7 @@ def test_one_delivery_per_url_each_with_its_own_id(operator, sent, settings):
     services.cancel(operator, a_job(operator))
     assert [args[0] for args in sent] == ["http://127.0.0.1:9/a", "https://hooks.example.org/c"]  # not ftp
     assert len({args[3] for args in sent}) == 2
-    for _url, body, signature, delivery in sent:
+    for _url, body, signature, delivery, _event in sent:
         assert webhooks.signature_matches(body.encode(), signature, KEY) and json.loads(body)["delivery"] == delivery
 
 
