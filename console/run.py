@@ -172,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 subprocess.run([python, "-m", "engine", "make-demo-checkpoint", str(demo), "--force"], cwd=ROOT,
                                env=env, check=True)
             engine = subprocess.Popen(demo_engine_command(python, demo, engine_port, redis_url,
-                                                          keys["SEAM_TELEMETRY_CHANNEL"], ladder), cwd=ROOT, env=env)
+                                                          keys["SEAM_TELEMETRY_CHANNEL"], ladder, var / "engine"),
+                                      cwd=ROOT, env=env)
             children.append(engine)
             _wait_http(f"{engine_url}/healthz", engine, "the engine")
         if send_traffic:

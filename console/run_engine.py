@@ -29,9 +29,10 @@ def checked_ladder(ladder: str) -> str:
 
 
 def demo_engine_command(python: str, checkpoint: Path, port: int, redis_url: str, channel: str,
-                        ladder: str | None) -> list[str]:
+                        ladder: str | None, state_dir: Path) -> list[str]:
+    """`engine serve` of the demo engine; `state_dir` (in the stack's var/) keeps its spent-job ledger."""
     command = [python, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", "cpu-demo", "--port",
-               str(port), "--redis-url", redis_url, "--telemetry-channel", channel]
+               str(port), "--redis-url", redis_url, "--telemetry-channel", channel, "--state-dir", str(state_dir)]
     return command + (["--ladder", ladder] if ladder else [])
 
 

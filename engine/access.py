@@ -3,7 +3,8 @@
 - /control/* needs the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`). An engine started without
   one keeps its control API closed: an open one would let anyone who reaches the port change the layout.
 - /control/apply needs, beside the token, the console's attestation of the plan's review, checked with the
-  approval key (solvers/attestation.py); each job's attestation starts one operation, once.
+  approval key (solvers/attestation.py); each job's attestation starts one operation, once, even across restarts
+  (engine/job_ledger.py).
 - /v1/* needs the API key only where one is set (as vLLM's --api-key).
 - /healthz and /metrics stay open: liveness probes and Prometheus scrapers carry no secrets, and neither
   answer carries one.
@@ -18,8 +19,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from engine.errors import EngineError
 from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, Attestation, verify_attestation
 from solvers.errors import SolverError
 
-__all__ = ["Credentials", "JobLedger", "Unauthorized", "attested", "exposure_notices", "is_loopback", "require_api_key",
+__all__ = ["Credentials", "Unauthorized", "attested", "exposure_notices", "is_loopback", "require_api_key",
            "require_control_token"]
 
 
@@ -95,31 +95,6 @@ def attested(credentials: Credentials, attestation: Any, plan_hash: str, now: fl
         return verify_attestation(credentials.approval_key, attestation, plan_hash, now)
     except SolverError as error:
         raise ApplyRefused(403, f"apply refused: {error}") from None
-
-
-class JobLedger:
-    """The job ids this engine started an operation for: one attestation, one apply, so a captured request
-    cannot be replayed. It lives as long as the service (operation records may be pruned; this is a set of ints).
-
-    Only the service's event loop calls it, and a claim's check and add run with no await between them."""
-
-    def __init__(self) -> None:
-        self._claimed: set[int] = set()
-
-    @contextmanager
-    def claim(self, job_id: int) -> Iterator[None]:
-        """Hold `job_id` while its apply runs; released again only when the driver refused the plan (then surely
-        nothing started: on any other failure an operation may have begun, so the id stays spent)."""
-        if job_id in self._claimed:
-            raise ApplyRefused(409, f"job {job_id} already started an operation on this engine: an attestation "
-                                    "is good for one apply (find that operation with GET "
-                                    "/control/operations?plan_hash=)")
-        self._claimed.add(job_id)
-        try:
-            yield
-        except ApplyRefused:
-            self._claimed.discard(job_id)
-            raise
 
 
 def is_loopback(host: str) -> bool:

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--telemetry-channel", default="seam:telemetry", help="Redis pub/sub channel")
     serve.add_argument("--ladder", help="arm a layout ladder: rungs as cuts separated by ';', e.g. '7,5,4;8,4,4' "
                                         "(the serving cut must be one of them)")
+    serve.add_argument("--state-dir", type=Path, metavar="DIR",
+                       help="where the engine keeps what must survive a restart (the spent-job ledger); default "
+                            "$SEAM_ENGINE_STATE_DIR/port-<port>, else ~/.local/state/seam/engine-port-<port>")
     serve.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     return parser
@@ -160,7 +163,7 @@ def _serve(args: argparse.Namespace) -> tuple[dict, str]:
 
     run_service(_checkpoint(args.checkpoint), args.rig, args.cut, args.host, args.port,
                 args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel, args.ladder,
-                args.allow_open_v1)
+                args.allow_open_v1, args.state_dir)
     return {"stopped": True}, "seam engine stopped"
 
 

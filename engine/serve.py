@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engine.access import Credentials, exposure_notices
 from engine.driver import PipelineDriver
+from engine.job_ledger import JobLedger, default_state_dir
 from engine.json_body import max_body_bytes
 from solvers.rig import load_rig
 from solvers.timing import parse_cut
@@ -19,7 +20,7 @@ log = logging.getLogger("seam.engine")
 
 def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
                 redis_url: str | None, telemetry_hz: float, telemetry_channel: str = "seam:telemetry",
-                ladder: str | None = None, allow_open_v1: bool = False) -> None:
+                ladder: str | None = None, allow_open_v1: bool = False, state_dir: Path | None = None) -> None:
     from engine.service import serve
 
     # Everything the environment and flags decide is checked before the ranks start, so a refusal is immediate.
@@ -27,6 +28,10 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     for notice in exposure_notices(host, credentials, allow_open_v1):
         print(notice, file=sys.stderr, flush=True)
     body_limit = max_body_bytes()
+    state = state_dir or default_state_dir(port)
+    jobs = JobLedger(state)  # an unreadable ledger refuses the start, before any rank is spent on it
+    print(f"seam engine: spent-job ledger {jobs.path} (a captured apply never replays, restarts included)",
+          flush=True)
     rungs = [parse_cut(rung) for rung in ladder.split(";")] if ladder else None
     driver = PipelineDriver(checkpoint, load_rig(rig), parse_cut(cut) if cut else None, ladder=rungs)
     publisher = None
@@ -41,7 +46,7 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     try:
         print(f"seam engine: rig {driver.rig.name}, cut {list(driver.cut)}, pool {driver.prediction.pool_tokens} "
               f"tokens, serving on http://{host}:{port}", flush=True)
-        serve(driver, credentials, host, port, body_limit)
+        serve(driver, credentials, jobs, host, port, body_limit)
     finally:
         if publisher is not None:
             publisher.stop()

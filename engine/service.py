@@ -31,9 +31,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.access import Credentials, JobLedger, Unauthorized, attested, require_api_key, require_control_token
+from engine.access import Credentials, Unauthorized, attested, require_api_key, require_control_token
 from engine.driver_api import ApplyRefused, Driver, RequestHandle
 from engine.errors import EngineError, EngineRequestError
+from engine.job_ledger import JobLedger
 from engine.json_body import DEFAULT_MAX_BODY_BYTES, read_json_object
 from engine.openai_api import ApiError, IncrementalText, Reply, error_body, parse_chat, parse_completion
 from engine.token_stream import TokenStream
@@ -100,11 +101,11 @@ def _failure(handle: RequestHandle) -> ApiError | None:
 class _Service:
     """The handlers and their gates, bound to one driver and the engine's credentials."""
 
-    def __init__(self, driver: Driver, credentials: Credentials, max_body_bytes: int):
+    def __init__(self, driver: Driver, credentials: Credentials, max_body_bytes: int, jobs: JobLedger):
         self.driver = driver
         self.credentials = credentials
         self.max_body_bytes = max_body_bytes
-        self.jobs = JobLedger()
+        self.jobs = jobs
         # Control and metrics calls get threads of their own: under load generation fills the default pool,
         # and an operator must still be able to see and change the layout.
         self.control_threads = anyio.CapacityLimiter(4)
@@ -215,7 +216,7 @@ class _Service:
             raise ApiError("plan_hash is missing or not a string: send the plan_hash /control/plan returned")
         # The token says who may talk to the engine; the attestation says this very plan passed a review.
         attestation = attested(self.credentials, body.get("attestation"), body["plan_hash"], time.time())
-        with self.jobs.claim(attestation.job_id):
+        with self.jobs.claim(attestation):
             operation_id = await self._control(self.driver.apply, body["plan"], body["plan_hash"],
                                                attestation.job_id)
         return JSONResponse({"operation_id": operation_id}, status_code=202,
@@ -263,9 +264,11 @@ def _open(request: Request) -> None:
     """/healthz and /metrics: probes and scrapers hold no credentials, and neither answer carries a secret."""
 
 
-def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
-    """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one."""
-    service = _Service(driver, credentials, max_body_bytes)
+def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              jobs: JobLedger | None = None) -> Starlette:
+    """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one. `jobs`: the
+    spent-job ledger (default: one in memory, for an app built in-process)."""
+    service = _Service(driver, credentials, max_body_bytes, jobs if jobs is not None else JobLedger())
     api, control = service.api_gate, service.control_gate
     routes = [
         ("/v1/completions", service.completions, "POST", api),
@@ -284,12 +287,12 @@ def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DE
                      exception_handlers={HTTPException: _http_error})
 
 
-def serve(driver: Driver, credentials: Credentials, host: str = "127.0.0.1", port: int = 8000,
+def serve(driver: Driver, credentials: Credentials, jobs: JobLedger, host: str = "127.0.0.1", port: int = 8000,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
     """Serve until interrupted, then shut the driver down (its rank processes with it)."""
     try:
         # Open streams would hold a graceful shutdown forever; give them a few seconds to finish.
-        uvicorn.run(build_app(driver, credentials, max_body_bytes), host=host, port=port, log_level="warning",
+        uvicorn.run(build_app(driver, credentials, max_body_bytes, jobs), host=host, port=port, log_level="warning",
                     timeout_graceful_shutdown=5)
     finally:
         driver.shutdown()

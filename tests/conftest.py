@@ -25,6 +25,13 @@ if "SEAM_VAR_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["SEAM_VAR_DIR"], ignore_errors=True)
 
 
+# Engines started without --state-dir (`engine serve` in a test, a worker's engine) keep their spent-job ledgers
+# (engine/job_ledger.py) in a session folder, never in the user's ~/.local/state where a later run would find them.
+if "SEAM_ENGINE_STATE_DIR" not in os.environ:
+    os.environ["SEAM_ENGINE_STATE_DIR"] = tempfile.mkdtemp(prefix="seam-test-engine-state-")
+    atexit.register(shutil.rmtree, os.environ["SEAM_ENGINE_STATE_DIR"], ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _audit_anchor_per_test(settings, tmp_path_factory):
     """Each test anchors its audit events in a file of its own: an anchor left by an earlier test, whose events the

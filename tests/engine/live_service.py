@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,15 +35,19 @@ def free_port() -> int:
 
 class LiveService:
     def __init__(self, checkpoint: Path, rig: str = "cpu-demo", extra_env: dict | None = None,
-                 redis_url: str | None = None, channel: str = "seam:telemetry", ladder: str | None = None):
-        self.port = free_port()
+                 redis_url: str | None = None, channel: str = "seam:telemetry", ladder: str | None = None,
+                 state_dir: Path | None = None, port: int | None = None):
+        """`state_dir`: the engine's --state-dir (default: a fresh folder, so no test sees another's spent jobs);
+        `port`: to restart an engine where it was."""
+        self.port = port or free_port()
+        self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="seam-engine-state-"))
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **(extra_env or {})}
         env.pop("REDIS_URL", None)
         self.control_token, self.approval_key, self.api_key = (env.get(name) or None for name in (
             CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV, API_KEY_ENV))
         command = [sys.executable, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", rig,
-                   "--port", str(self.port)]
+                   "--port", str(self.port), "--state-dir", str(self.state_dir)]
         if ladder:
             command += ["--ladder", ladder]
         if redis_url:
