@@ -1,5 +1,5 @@
 """The engine's apply gates without a live engine: the attestation check (engine/access.py `attested`, over
-solvers/attestation.py `verify_attestation`) and the job ledger (one attestation, one apply).
+solvers/attestation.py `verify_attestation`); the job ledger has its own tests (tests/engine/test_job_ledger.py).
 
 The same gates are exercised end to end against a running engine in tests/security/test_engine_credentials.py;
 these run in milliseconds, so a regression shows in the `-m "not slow"` loop.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.access import Credentials, JobLedger, attested
+from engine.access import Credentials, attested
 from engine.driver_api import ApplyRefused
 from engine.errors import EngineError
 from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, sign_attestation
@@ -81,33 +81,3 @@ def test_a_malformed_attestation_is_refused_naming_the_field(attestation, messag
 def test_an_engine_without_an_approval_key_applies_nothing():
     """Guard: `attested` refuses every attestation, even a well-signed one, when the engine holds no key."""
     assert "SEAM_APPROVAL_KEY" in str(refusal(signed(), credentials=Credentials(control_token="control")))
-
-
-# --- the job ledger --------------------------------------------------------------------------------
-
-def test_a_job_id_applies_once():
-    ledger = JobLedger()
-    with ledger.claim(42):
-        pass
-    with pytest.raises(ApplyRefused, match="job 42 already started an operation") as refused, ledger.claim(42):
-        pass
-    assert refused.value.status == 409
-
-
-def test_a_refused_apply_leaves_the_job_id_unspent():
-    ledger = JobLedger()
-    with pytest.raises(ApplyRefused), ledger.claim(42):
-        raise ApplyRefused(409, "plan again")
-    with ledger.claim(42):  # the driver refused: nothing started, so the attestation is still good
-        pass
-
-
-@pytest.mark.parametrize("failure", [EngineError("the ranks went away"), RuntimeError("unexpected")])
-def test_any_other_failure_spends_the_job_id(failure):
-    """Guard: JobLedger.claim frees a job id only after a refusal (ApplyRefused). After any other failure an operation
-    may have begun, so the same attestation must not start a second one."""
-    ledger = JobLedger()
-    with pytest.raises(type(failure)), ledger.claim(42):
-        raise failure
-    with pytest.raises(ApplyRefused, match="job 42 already started an operation"), ledger.claim(42):
-        pass
