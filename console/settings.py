@@ -216,6 +216,8 @@ _collected_static = Path(os.environ.get("SEAM_STATIC_ROOT", BASE_DIR / "staticfi
 STATIC_ROOT = _collected_static if not DEBUG or _collected_static.is_dir() else None
 # Without collected files (development, tests) whitenoise serves straight from the finders.
 WHITENOISE_USE_FINDERS = True
+# Files the console's storages write (collected static files) take the private umask's mode, not Django's 0644.
+FILE_UPLOAD_PERMISSIONS = None
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
