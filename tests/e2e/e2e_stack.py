@@ -194,7 +194,7 @@ def running_stack(folder: Path, own_secrets: bool = False) -> Iterator[Stack]:
             # An explicit channel (it wins over the stack key's, seam:port<port>:telemetry): the Redis restart test
             # reads the telemetry keys by this name. Each stack here has a redis-server of its own to itself.
             env["SEAM_TELEMETRY_CHANNEL"] = "seam:telemetry"
-            stack = launch([sys.executable, "-m", "console.run"], env, port, engine_port, redis_server)
+            stack = launch([sys.executable, "-m", "console.run"], env, port, engine_port, redis_server, timeout=300)
             try:
                 yield stack
             finally:
