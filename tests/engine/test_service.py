@@ -380,8 +380,8 @@ class FailingApplyDriver(FakeDriver):
 
 
 def test_a_job_whose_apply_failed_otherwise_stays_spent():
-    """Guard: JobLedger.claim (engine/job_ledger.py) frees a job id only when the driver refused the plan; after any other
-    failure the same attestation cannot start a second operation."""
+    """Guard: JobLedger.claim (engine/job_ledger.py) frees a job id only when the driver refused the plan; after any
+    other failure the same attestation cannot start a second operation."""
     client = _client(FailingApplyDriver())
     planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
     body = {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": attested(planned["plan_hash"])}
