@@ -6,7 +6,8 @@ and the webhook of that name (issue 30, item 7).
 The engine really dies (SIGKILL of its service and rank processes, with a rank held so the operation is mid-apply)
 and really starts again (same port and state folder, a new boot id); the worker's code follows the job, the
 reconciler settles one whose worker died, the layout watch then looks, and a real Celery worker delivers the
-webhooks to a real local HTTP receiver."""
+webhooks to a real local HTTP receiver. A job whose worker lost the engine right after the operation ended, so that
+its layout was never noted, is not credited by the layout watch with what a restarted engine runs either."""
 
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def _alerts(receiver: Receiver) -> list[dict]:
             if post["headers"].get("X-Seam-Event") == RESTARTED_MID_APPLY]
 
 
-def _assert_one_alert(job: Job, before: dict, after: dict, receiver: Receiver, viewer, client) -> None:
+def _assert_one_alert(job: Job, before: dict, after: dict, receiver: Receiver, viewer, client,
+                      status: str = "failed") -> None:
     [event] = AuditEvent.objects.filter(action=RESTARTED_MID_APPLY)
     layout = ("fingerprint", "cut", "shape")
     assert event.actor is None and event.actor_name == "system"
@@ -132,7 +134,7 @@ def _assert_one_alert(job: Job, before: dict, after: dict, receiver: Receiver, v
     wait_until(lambda: _alerts(receiver), timeout=60, what="the webhook")
     [alert] = _alerts(receiver)
     assert alert["event"] == RESTARTED_MID_APPLY and alert["job"]["id"] == job.pk
-    assert alert["job"]["status"] == "failed" and alert["engine"]["after"]["fingerprint"] == after["fingerprint"]
+    assert alert["job"]["status"] == status and alert["engine"]["after"]["fingerprint"] == after["fingerprint"]
     assert alert["engine"]["before"]["fingerprint"] == before["fingerprint"]
 
 
@@ -190,3 +192,24 @@ def test_a_dead_workers_job_whose_engine_restarted_is_settled_by_the_reconciler_
     assert f"the engine restarted mid-apply on layout {after['fingerprint']}" in done.error, done.error
     assert worker.reconcile(older_than_s=0) == []  # settled once
     _assert_one_alert(done, moved, after, receiver, viewer, client)
+
+
+def test_the_layout_watch_does_not_credit_a_job_with_the_layout_of_an_engine_restarted_since(
+        own_engine, moved_off_start, operator, reviewer, viewer, client, receiver, workers, monkeypatch):
+    """Pins the layout watch's guard (layout_watch.restarted_since in watch()): without it the watch took the
+    start-up layout of the restarted engine for the doing of the job whose end was not noted."""
+    start, moved = moved_off_start
+    workers.start()
+    job = _cut_change(own_engine, operator, reviewer)
+    with monkeypatch.context() as lost:  # the worker lost the engine right after the operation ended
+        lost.setattr(layout_watch, "note_job_end", lambda job, state, engine_url: None)
+        assert worker.execute(job.pk) == "succeeded"
+    own_engine.kill()
+    own_engine.restart()
+
+    after = own_engine.live.state()
+    assert after["fingerprint"] == start["fingerprint"]
+    assert layout_watch.watch() == f"restarted: job {job.pk}'s engine came back on layout {after['fingerprint']}"
+    done = Job.objects.get(pk=job.pk)
+    assert done.status == "succeeded" and not done.layout_observations.filter(cause="job").exists()
+    _assert_one_alert(done, moved, after, receiver, viewer, client, status="succeeded")
