@@ -12,6 +12,7 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 
@@ -70,6 +71,9 @@ class PipelineDriver:
         self.cancelled: set[int] = set()
         self.ids = itertools.count()
         self.phase = "starting"
+        # Fresh at every start: the console tells by it that the engine restarted (and lost its operations) under a
+        # job it was following (docs/console.md, "Trust model").
+        self.boot_id = uuid.uuid4().hex
         self.snapshot_seq = itertools.count(1)
         self.last_seq = 0
         self.throughput: deque[tuple[float, int, int]] = deque()

@@ -78,7 +78,7 @@ class Driver(Protocol):
         ...
 
     def state(self) -> dict[str, Any]:
-        """GET /control/state: {model, rig, fingerprint, cut, shape, phase, ranks: [...], ladder: {...},
+        """GET /control/state: {model, rig, boot_id, fingerprint, cut, shape, phase, ranks: [...], ladder: {...},
         measurement: {...} (solvers.measurement.LayoutMeasurement.to_dict)}."""
         ...
 

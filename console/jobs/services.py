@@ -14,7 +14,8 @@
                                    back to the layout it replaced, linked to it (`reverts`), reviewed like any other
     (a refused propose, approve, reject, cancel or revert is an audit event too: `job.<verb>_refused`,
     console.jobs.refusals)
-    start / record_operation / report_progress / finish     the worker's side (console.jobs.execution)
+    start / note_engine_boot / record_operation / report_progress / finish     the worker's side
+                                   (console.jobs.execution)
 
 Every transition is compare-and-set on the status (an UPDATE filtered on the expected status, refused unless
 it changed exactly one row), so two reviewers, two workers or a worker and the reconciler cannot both win.
@@ -39,7 +40,7 @@ from console.jobs import planning, schedule, webhooks
 from console.jobs.choices import ACTIVE, CANCELLABLE, JobKind, JobStatus, SpeedVerdict
 from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict, InvalidProposal, JobError, NotAllowed
-from console.jobs.execution import finish, hand_off, record_operation, report_progress, start
+from console.jobs.execution import finish, hand_off, note_engine_boot, record_operation, report_progress, start
 from console.jobs.models import Approval, Job, LayoutCause
 from console.jobs.refusals import body_digest, records_refusals, refuse_proposal
 from console.jobs.roles import OPERATOR, REVIEWER
@@ -58,8 +59,9 @@ log = logging.getLogger("seam.jobs")
 
 # The worker's side lives in console.jobs.execution; it is named here too so that every caller goes through
 # this one module.
-__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "propose", "propose_revert", "queue_due",
-           "record_operation", "reject", "report_progress", "required_approvals", "revise", "start"]
+__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "note_engine_boot", "propose",
+           "propose_revert", "queue_due", "record_operation", "reject", "report_progress", "required_approvals",
+           "revise", "start"]
 
 # --- the operator's side -----------------------------------------------------------------------
 
