@@ -41,7 +41,7 @@ def make_superuser_instead(user) -> str:
 @pytest.mark.parametrize("lose_the_right", [deactivate, take_out_of_the_role, make_superuser_instead],
                          ids=lambda change: change.__name__)
 def test_a_scheduled_job_whose_reviewer_lost_the_right_is_refused_when_it_runs(live_engine, operator, reviewer,
-                                                                               handoffs, client, lose_the_right):
+                                                                               handoffs, client, get, lose_the_right):
     """Pins Approval.objects.counting_for's role rule (roles.held_through: active and in the reviewer group, no
     superuser shortcut), as the worker's approvers_of and the job page both apply it: without it the job runs on the
     approval of someone who may no longer give one."""
@@ -69,6 +69,9 @@ def test_a_scheduled_job_whose_reviewer_lost_the_right_is_refused_when_it_runs(l
     assert event.payload["approvals"] == [{"approval": approval.pk, "reviewer": "rita", "reasons": [reason]}]
     assert (event.payload["counting"], event.payload["required"], event.payload["refused"]) == (0, 1, True)
     assert not AuditEvent.objects.filter(action="job.applied", subject=f"job:{job.pk}").exists()
+    # The reason is shown where every refusal of a job is: the job page and the API.
+    assert get(f"/api/v1/jobs/{job.pk}/", user=operator)["error"] == job.error
+    assert f"approval {approval.pk} by rita: {reason}" in client.get(f"/jobs/{job.pk}/").content.decode()
 
 
 def test_a_reviewer_still_in_the_role_at_run_time_still_counts(live_engine, operator, reviewer, handoffs):
