@@ -23,6 +23,7 @@ demo_checkpoint, engine, live_engine = _console.demo_checkpoint, _console.engine
 make_user, operator, reviewer, viewer, handoffs = _console.make_user, _console.operator, _console.reviewer, \
     _console.viewer, _console.handoffs
 post, get, proposed = _console.post, _console.get, _console.proposed
+celery_worker = _console._api._jobs.celery_worker  # the jobs conftest's real Celery worker, as tests/faults takes it
 
 
 # --- a user who logs in, for the login, lockout and token tests -------------------------------------------------
