@@ -70,7 +70,8 @@ class AllowedHosts:
         if name not in self.names:
             raise ApiError(f"Host {host!r} is not a name this engine serves /v1 under (it answers to "
                            f"{', '.join(sorted(self.names))}), so a web page re-pointing its own name here is refused: "
-                           f"call the engine by one of those, or start it with --allowed-hosts {name or '<name>'}",
+                           f"call the engine by one of those or, if {name or '<name>'} is your name for it, start it "
+                           f"with --allowed-hosts {name or '<name>'}",
                            status=421)
 
 
