@@ -160,6 +160,9 @@ class PipelineDriver:
     def encode(self, text: str) -> list[int]:
         return self.text.encode(text)
 
+    def max_prompt_chars(self) -> int | None:
+        return self.text.max_prompt_chars(self.max_model_len)
+
     def decode(self, token_ids: list[int]) -> str:
         return self.text.decode(token_ids)
 

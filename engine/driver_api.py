@@ -74,6 +74,11 @@ class Driver(Protocol):
         """Token ids of `text` (EngineError when the checkpoint has no tokenizer)."""
         ...
 
+    def max_prompt_chars(self) -> int | None:
+        """The most characters a text prompt may have before it is tokenized: no longer one fits max_model_len
+        tokens (None: no tokenizer, so no text prompt at all)."""
+        ...
+
     def decode(self, token_ids: list[int]) -> str:
         ...
 
