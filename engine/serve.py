@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from engine.access import Credentials, exposure_notices
+from engine.cross_site import AllowedHosts
 from engine.driver import PipelineDriver
 from engine.job_ledger import JobLedger, default_state_dir
 from engine.json_body import max_body_bytes
@@ -20,7 +21,8 @@ log = logging.getLogger("seam.engine")
 
 def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
                 redis_url: str | None, telemetry_hz: float, telemetry_channel: str = "seam:telemetry",
-                ladder: str | None = None, allow_open_v1: bool = False, state_dir: Path | None = None) -> None:
+                ladder: str | None = None, allow_open_v1: bool = False, state_dir: Path | None = None,
+                allowed_hosts: tuple[str, ...] = ()) -> None:
     from engine.service import serve
 
     # Everything the environment and flags decide is checked before the ranks start, so a refusal is immediate.
@@ -46,7 +48,7 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     try:
         print(f"seam engine: rig {driver.rig.name}, cut {list(driver.cut)}, pool {driver.prediction.pool_tokens} "
               f"tokens, serving on http://{host}:{port}", flush=True)
-        serve(driver, credentials, jobs, host, port, body_limit)
+        serve(driver, credentials, jobs, host, port, body_limit, AllowedHosts.for_bind(host, allowed_hosts))
     finally:
         if publisher is not None:
             publisher.stop()

@@ -10,7 +10,10 @@ Celery task per URL of SEAM_WEBHOOK_URLS to the broker; the task POSTs
 with `X-Seam-Signature: sha256=<hex HMAC-SHA256 of the exact body under SEAM_WEBHOOK_KEY>`, `X-Seam-Delivery` and
 `X-Seam-Event`. When a succeeded job's measured speedup misses its prediction (console.jobs.verdicts),
 `announce_missed_prediction` sends `{"event": "job.missed_prediction", ..., "job": {...},
-"speedup": {predicted, measured, noise_floor, error, missed}}` the same way.
+"speedup": {predicted, measured, noise_floor, error, missed}}` the same way. When the engine restarted under a job's
+apply and came back on a layout the job did not lead to (console.jobs.layout_watch), `announce_restart_mid_apply`
+sends `{"event": "engine.restarted_mid_apply", ..., "job": {...}, "engine": {url, before, after, boot_id_before,
+boot_id_after}}`.
 The body is made and signed once, where the change was made, so every retry sends the same bytes. A failed POST
 (no answer, 5xx, 408, 425, 429) is tried again after SEAM_WEBHOOK_BACKOFF_S, doubling, at most SEAM_WEBHOOK_RETRIES
 times; the last failure is logged. Nothing here can block or fail the change: it has committed already, and every
@@ -36,13 +39,15 @@ from django.utils import timezone
 from console.jobs.models import Job
 from solvers.verdict import SpeedCheck
 
-__all__ = ["EVENT", "MISSED_PREDICTION", "DeliveryFailed", "announce", "announce_missed_prediction", "deliver",
-           "job_event", "post", "sign", "signature_matches"]
+__all__ = ["EVENT", "MISSED_PREDICTION", "RESTARTED_MID_APPLY", "DeliveryFailed", "announce",
+           "announce_missed_prediction", "announce_restart_mid_apply", "deliver", "job_event", "post", "sign",
+           "signature_matches"]
 
 log = logging.getLogger("seam.webhooks")
 
 EVENT = "job.status"
 MISSED_PREDICTION = "job.missed_prediction"
+RESTARTED_MID_APPLY = "engine.restarted_mid_apply"
 SIGNATURE_HEADER, DELIVERY_HEADER = "X-Seam-Signature", "X-Seam-Delivery"
 RETRY_STATUSES = frozenset({408, 425, 429})
 
@@ -95,6 +100,14 @@ def announce_missed_prediction(job: Job, check: SpeedCheck) -> None:
     has committed); call it on commit. Never raises."""
     _send(job, MISSED_PREDICTION, lambda delivery: {
         **job_event(job, None, delivery, MISSED_PREDICTION), "speedup": check.to_dict()}, "missed prediction")
+
+
+def announce_restart_mid_apply(job: Job, engine: dict) -> None:
+    """Send `engine.restarted_mid_apply` for a job whose engine restarted under its apply and came back on a layout
+    the job did not lead to (`engine`: {url, before, after, boot_id_before, boot_id_after}); call it on commit.
+    Never raises."""
+    _send(job, RESTARTED_MID_APPLY, lambda delivery: {
+        **job_event(job, None, delivery, RESTARTED_MID_APPLY), "engine": engine}, "engine restart mid-apply")
 
 
 def _send(job: Job, event: str, body_of: Callable[[str], dict], what: str) -> None:

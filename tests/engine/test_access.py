@@ -11,7 +11,6 @@ import pytest
 
 from engine.access import Credentials, attested
 from engine.driver_api import ApplyRefused
-from engine.errors import EngineError
 from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, sign_attestation
 
 KEY = "approval-key-for-tests"

@@ -74,6 +74,9 @@ class FakeDriver:
     def decode(self, token_ids: list[int]) -> str:
         return bytes(token_ids).decode(errors="replace")
 
+    def max_prompt_chars(self) -> int | None:
+        return self.max_model_len if self.tokenizer else None  # a token per byte: no more characters than tokens
+
     def state(self) -> dict:
         return {"fingerprint": "fp-1", "cut": [2, 2], "shape": {}, "phase": "serving", "ranks": [], "ladder": {}}
 
@@ -119,7 +122,9 @@ def driver() -> FakeDriver:
 
 
 def _client(driver: FakeDriver) -> TestClient:
-    return TestClient(build_app(driver, CREDENTIALS), headers=bearer_token(CREDENTIALS.control_token))
+    # /v1 answers loopback's Host names only (engine/cross_site.py), not TestClient's default "testserver".
+    return TestClient(build_app(driver, CREDENTIALS), base_url="http://localhost",
+                      headers=bearer_token(CREDENTIALS.control_token))
 
 
 @pytest.fixture
@@ -132,7 +137,8 @@ def attested(plan_hash: str) -> dict:
 
 
 def post(client: TestClient, url: str, body, expect: int = 200) -> dict:
-    response = client.post(url, json=body) if not isinstance(body, str | bytes) else client.post(url, content=body)
+    response = client.post(url, json=body) if not isinstance(body, str | bytes) else client.post(
+        url, content=body, headers={"content-type": "application/json"})
     assert response.status_code == expect, response.text
     return response.json()
 
@@ -380,8 +386,8 @@ class FailingApplyDriver(FakeDriver):
 
 
 def test_a_job_whose_apply_failed_otherwise_stays_spent():
-    """Guard: JobLedger.claim (engine/job_ledger.py) frees a job id only when the driver refused the plan; after any other
-    failure the same attestation cannot start a second operation."""
+    """Guard: JobLedger.claim (engine/job_ledger.py) frees a job id only when the driver refused the plan; after any
+    other failure the same attestation cannot start a second operation."""
     client = _client(FailingApplyDriver())
     planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
     body = {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": attested(planned["plan_hash"])}
