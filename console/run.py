@@ -1,14 +1,14 @@
 """`make run`: Seam on one machine — Redis (the one at REDIS_URL, else a private one: console/run_redis.py), an
 engine (its own demo engine on the demo rig, or the one SEAM_ENGINE_URL names: console/run_engine.py), the telemetry
 bridge, a Celery worker, Celery beat (the reconciler and the layout watch) and the ASGI server, with migrations
-applied and demo users created; with its own engine, demo traffic too (console/demo_traffic.py). Ctrl-C stops all
-of it, and so does any of them stopping.
+applied and demo users created; with its own engine, demo traffic too (console/demo_traffic.py). A process that
+dies is restarted with a back-off while the others keep serving (console/run_supervisor.py); Ctrl-C or SIGTERM
+stops all of it.
 
-Every process gets the stack's secrets through its environment (`stack_secrets`), with no step for the user: the
-engine's control token and approval key, new on each run unless set; the Django secret key and the audit chain's
-key, generated once into files only this user can read under the var folder and reused after, so logins and the
-audit trail outlive a restart. Every process gets the same stack key too (`stack_keys`, console/stack.py), so the
-Redis names of two stacks on one host never meet.
+The stack's secrets come with no step for the user, and each process gets only those it uses
+(console/run_secrets.py). Every process gets the same stack key (`stack_keys`, console/stack.py), so the Redis names
+of two stacks on one host never meet. Everything it writes is private to this user (console/private_files.py), and
+the console serves with DEBUG off, on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -25,45 +25,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from console.demo_traffic import DemoTraffic
+from console.private_files import make_private, use_private_umask
 from console.run_engine import ENGINE_URL_ENV, check_external_engine, checked_ladder, demo_engine_command
 from console.run_redis import find_or_start_redis, shown_url
+from console.run_secrets import process_env, stack_secrets
+from console.run_supervisor import Supervisor
 from console.stack import ENGINE_DEFAULT_TELEMETRY_CHANNEL, STACK_ENV, default_stack_key, stack_names
-from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
+from solvers.attestation import API_KEY_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_USERS = {"operator": "operator", "reviewer": "reviewer", "viewer": "viewer"}  # username -> role
-# Secrets kept under the var folder: the session cookies and the keyed audit chain must verify after a restart.
-PERSISTENT_SECRETS = {"SEAM_SECRET_KEY": "secret-key", "SEAM_AUDIT_KEY": "audit-key"}  # env name -> file
-
-
-def persistent_secret(path: Path) -> str:
-    """The secret in `path`: generated there on first use, readable by this user only, the same on every run."""
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        if path.stat().st_mode & 0o077:  # copied in or restored from a backup with looser permissions
-            path.chmod(0o600)
-        secret = path.read_text().strip()
-        if not secret:
-            sys.exit(f"{path} is empty: delete it to have a new secret generated (logins then start afresh, and "
-                     "for the audit key, events recorded under the old one no longer verify)")
-        return secret
-    secret = secrets.token_urlsafe(64)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(secret + "\n")
-    return secret
-
-
-def stack_secrets(var: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """What every process of the stack gets in its environment; a value already set in `environ` is kept.
-
-    The control token and approval key are new on each run: only this run's engine and console need them, and a
-    leaked one dies with the stack. The approval key stays inside this stack's processes."""
-    values = {name: environ.get(name) or secrets.token_urlsafe(32) for name in (CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV)}
-    for name, filename in PERSISTENT_SECRETS.items():
-        values[name] = environ.get(name) or persistent_secret(var / filename)
-    values["SEAM_AUDIT_ANCHOR_PATH"] = environ.get("SEAM_AUDIT_ANCHOR_PATH") or str(var / "audit-anchor.jsonl")
-    return values
+# The console as deployed, not Django's development mode: no DEBUG page (it shows settings and tracebacks to anyone
+# who gets a 500), static files from whitenoise; plain HTTP is fine on the loopback it is bound to.
+SERVING = {"SEAM_DEBUG": "0", "SEAM_LOOPBACK_HTTP": "1"}
 
 
 def stack_keys(environ: Mapping[str, str], console_port: int, own_engine: bool) -> dict[str, str]:
@@ -84,10 +58,17 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the children the same way Ctrl-C does
 
 
-def _demo_users() -> str:
-    import django
+def _database_files() -> list[Path]:
+    """The SQLite database's file and its WAL companions (none for another database)."""
+    from django.conf import settings
 
-    django.setup()
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] != "django.db.backends.sqlite3" or str(database["NAME"]).startswith(":memory:"):
+        return []
+    return [Path(f"{database['NAME']}{suffix}") for suffix in ("", "-wal", "-shm")]
+
+
+def _demo_users() -> str:
     from django.contrib.auth.models import Group, User
 
     from console.jobs.roles import ensure_roles
@@ -130,16 +111,18 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _arguments(argv)
+    use_private_umask()  # before anything is written: every file of the stack is this user's only
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     # Ctrl-C must stop Seam even when started from a shell that had SIGINT ignored (a background job).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     logging.basicConfig(format="%(message)s")
     logging.getLogger("seam.demo_traffic").setLevel(logging.INFO)
-    # The demo checkpoint, the persistent secrets, the audit anchor and beat's schedule and pidfile; tests point
-    # this at a folder of their own.
+    # The demo checkpoint, the persistent secrets, the audit anchor, beat's schedule and pidfile, the private
+    # Redis's configuration and the engine's ledger; tests point this at a folder of their own.
     var = Path(os.environ.get("SEAM_VAR_DIR", ROOT / "var"))
     var.mkdir(parents=True, exist_ok=True)
+    make_private(var)  # what an older run, a copy or a restore left readable to others
     demo = var / "demo-checkpoint"
     external = os.environ.get(ENGINE_URL_ENV) or None
     if external and args.ladder:
@@ -155,42 +138,50 @@ def main(argv: Sequence[str] | None = None) -> None:
         state = check_external_engine(os.environ)
         print(f"engine: using the engine at {ENGINE_URL_ENV}={external} ({state.get('model')} on rig "
               f"{state.get('rig')}, cut {state.get('cut')}); make run starts no engine of its own", flush=True)
-    children: list[subprocess.Popen] = []
+    supervisor = Supervisor(ROOT)
     traffic: DemoTraffic | None = None
     try:
-        redis_url, which_redis = find_or_start_redis(children)
+        redis_url, which_redis = find_or_start_redis(var, supervisor)
         print(f"redis: {which_redis}\nstack: {keys[STACK_ENV]} (SEAM_STACK; its Redis names start "
               f"seam:{keys[STACK_ENV]}:), telemetry channel {keys['SEAM_TELEMETRY_CHANNEL']}", flush=True)
-        env = {**os.environ, **stack_secrets(var, os.environ), **keys, "REDIS_URL": redis_url,
-               ENGINE_URL_ENV: engine_url}
-        os.environ.update(env)
+        stack = {**stack_secrets(var, os.environ), **keys, **SERVING, "SEAM_STATIC_ROOT": str(var / "static"),
+                 "REDIS_URL": redis_url, ENGINE_URL_ENV: engine_url}
+        os.environ.update(stack)  # this process keeps every secret: it migrates and writes the demo users
+        import django
+
+        django.setup()
+        for path in _database_files():
+            make_private(path)
         python = sys.executable
-        subprocess.run([python, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+        for command in ("migrate", "collectstatic"):  # static files as deployed: collected, served by whitenoise
+            subprocess.run([python, "manage.py", command, "--noinput", "-v", "0"], cwd=ROOT, env=os.environ,
+                           check=True)
         password = _demo_users()
+        base = dict(os.environ)
         if not external:
             if not (demo / "config.json").is_file():
                 subprocess.run([python, "-m", "engine", "make-demo-checkpoint", str(demo), "--force"], cwd=ROOT,
-                               env=env, check=True)
-            engine = subprocess.Popen(demo_engine_command(python, demo, engine_port, redis_url,
-                                                          keys["SEAM_TELEMETRY_CHANNEL"], ladder, var / "engine"),
-                                      cwd=ROOT, env=env)
-            children.append(engine)
+                               env=process_env("engine", base, stack), check=True)
+            engine = supervisor.start("the engine", demo_engine_command(
+                python, demo, engine_port, keys["SEAM_TELEMETRY_CHANNEL"], ladder, var / "engine"),
+                process_env("engine", base, stack))
             _wait_http(f"{engine_url}/healthz", engine, "the engine")
         if send_traffic:
-            traffic = DemoTraffic(engine_url, env.get(API_KEY_ENV)).start()
-        children.append(subprocess.Popen([python, "manage.py", "telemetry_bridge"], cwd=ROOT, env=env))
+            traffic = DemoTraffic(engine_url, os.environ.get(API_KEY_ENV)).start()
+        supervisor.start("the telemetry bridge", [python, "manage.py", "telemetry_bridge"],
+                         process_env("bridge", base, stack))
         celery = [python, "-m", "celery", "-A", "console"]
-        children.append(subprocess.Popen([*celery, "worker", "--pool=solo", "--loglevel=warning"], cwd=ROOT, env=env))
+        supervisor.start("the Celery worker", [*celery, "worker", "--pool=solo", "--loglevel=warning"],
+                         process_env("worker", base, stack))
         # Beat is a child of this process, not of the worker (`worker -B`): a worker killed outright would leave
         # its beat running with no parent to stop it. Its schedule and pidfile are the stack's: the pidfile keeps
         # a second stack with the same key (so the same queue) from starting another beat, which would send every
         # periodic task twice.
         beat = var / f"celerybeat-{keys[STACK_ENV]}"
-        children.append(subprocess.Popen([*celery, "beat", "--loglevel=warning", "--schedule", str(beat),
-                                          "--pidfile", f"{beat}.pid"], cwd=ROOT, env=env))
-        web = subprocess.Popen([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                "console.asgi:application"], cwd=ROOT, env=env)
-        children.append(web)
+        supervisor.start("Celery beat", [*celery, "beat", "--loglevel=warning", "--schedule", str(beat),
+                                         "--pidfile", f"{beat}.pid"], process_env("beat", base, stack))
+        web = supervisor.start("the console (daphne)", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                                        "console.asgi:application"], process_env("web", base, stack))
         _wait_http(f"http://127.0.0.1:{port}/api/docs/", web, "the console")
         engine_line = f"{engine_url}/control/state ({ENGINE_URL_ENV if external else 'demo engine, cpu-demo rig'}"
         engine_line += f", ladder {ladder})" if ladder else ")"
@@ -199,22 +190,15 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"\ndemo traffic: {'on (TRAFFIC=0 turns it off)' if traffic else 'off (TRAFFIC=1 turns it on)'}"
               f"\ndemo logins (password {password!r}): operator, reviewer, viewer\nCtrl-C stops everything.\n",
               flush=True)
-        while all(child.poll() is None for child in children):
+        while True:  # a process that dies from here on is restarted; one dying before the stack was up stopped it
+            supervisor.check()
             time.sleep(0.5)
-        sys.exit("a Seam process stopped unexpectedly; stopping the rest")
     except KeyboardInterrupt:
         print("\nstopping Seam ...")
     finally:
         if traffic is not None:
             traffic.stop()
-        for child in reversed(children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in reversed(children):
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        supervisor.stop()
 
 
 if __name__ == "__main__":

@@ -28,11 +28,13 @@ def checked_ladder(ladder: str) -> str:
     return ";".join(",".join(map(str, rung)) for rung in rungs)
 
 
-def demo_engine_command(python: str, checkpoint: Path, port: int, redis_url: str, channel: str,
-                        ladder: str | None, state_dir: Path) -> list[str]:
-    """`engine serve` of the demo engine; `state_dir` (in the stack's var/) keeps its spent-job ledger."""
+def demo_engine_command(python: str, checkpoint: Path, port: int, channel: str, ladder: str | None,
+                        state_dir: Path) -> list[str]:
+    """`engine serve` of the demo engine; `state_dir` (in the stack's var/) keeps its spent-job ledger. Its Redis
+    comes from REDIS_URL in its environment: a password in the URL must not be on a command line, which any local
+    account can read."""
     command = [python, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", "cpu-demo", "--port",
-               str(port), "--redis-url", redis_url, "--telemetry-channel", channel, "--state-dir", str(state_dir)]
+               str(port), "--telemetry-channel", channel, "--state-dir", str(state_dir)]
     return command + (["--ladder", ladder] if ladder else [])
 
 

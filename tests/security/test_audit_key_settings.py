@@ -48,3 +48,13 @@ def test_development_derives_a_key_from_the_secret_key_and_anchors_in_the_var_fo
     derived = hmac.new(secret.encode(), b"seam-audit-chain", hashlib.sha256).hexdigest()
     assert done.stdout.split()[-2:] == [derived, str(tmp_path / "audit-anchor.jsonl")]
     assert derived != secret
+
+
+def test_a_process_that_records_no_audit_events_starts_without_the_key_and_cannot_key_an_event():
+    """Pins SEAM_AUDIT_WRITER=0 (console/settings.py), what `make run` gives its beat and telemetry bridge (issue 30,
+    item 8): production settings start without a key, and a key in the environment is not taken up either."""
+    production = {"SEAM_DEBUG": "0", "SEAM_SECRET_KEY": secrets.token_urlsafe(64), "SEAM_AUDIT_WRITER": "0"}
+    assert manage("check", **production).returncode == 0
+    done = manage("shell", "-c", "from console.audit.chain import chain_key; chain_key()",
+                  **production, SEAM_AUDIT_KEY=secrets.token_urlsafe(48))
+    assert done.returncode != 0 and "settings.SEAM_AUDIT_KEY is empty" in done.stderr, done.stderr[-500:]
