@@ -13,6 +13,7 @@ import time
 
 from django.conf import settings
 
+from console.audit.services import audit_head
 from console.jobs.models import Approval, Job
 from solvers.attestation import APPROVAL_KEY_ENV, sign_attestation
 
@@ -32,7 +33,8 @@ def approvers_of(job: Job) -> list[str]:
 
 
 def attest(job: Job) -> dict:
-    """The signed `{job_id, approvers, issued_at, signature}` for the job's plan; CannotAttest saying why not."""
+    """The signed `{job_id, approvers, issued_at, audit_head, signature}` for the job's plan, carrying the audit
+    trail's head so that the engine witnesses it (engine/audit_witness.py); CannotAttest saying why not."""
     key = settings.SEAM_APPROVAL_KEY
     if not key:
         raise CannotAttest(f"this console holds no approval key ({APPROVAL_KEY_ENV} is not set), so it cannot attest "
@@ -41,4 +43,4 @@ def attest(job: Job) -> dict:
     if not approvers:
         raise CannotAttest(f"no approval of plan {job.plan_hash[:16]} counts any more (expired since the job was "
                            "queued); nothing was applied: propose again")
-    return sign_attestation(key, job.plan_hash, job.pk, approvers, time.time())
+    return sign_attestation(key, job.plan_hash, job.pk, approvers, time.time(), audit_head())

@@ -20,6 +20,7 @@ import time
 import types
 
 import pytest
+from live_service import lone_head
 from starlette.testclient import TestClient
 
 from engine.access import Credentials
@@ -128,7 +129,8 @@ def client(driver: FakeDriver) -> TestClient:
 
 
 def attested(plan_hash: str) -> dict:
-    return sign_attestation(CREDENTIALS.approval_key, plan_hash, next(JOB_IDS), ["reviewer"], time.time())
+    return sign_attestation(CREDENTIALS.approval_key, plan_hash, next(JOB_IDS), ["reviewer"], time.time(),
+                            lone_head())
 
 
 def post(client: TestClient, url: str, body, expect: int = 200) -> dict:
@@ -365,9 +367,10 @@ def test_apply_on_an_engine_without_an_approval_key_is_403(driver):
 def test_a_job_whose_apply_the_driver_refused_may_apply_again(client):
     planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
     job_id = next(JOB_IDS)
-    tampered = sign_attestation(CREDENTIALS.approval_key, "0" * 64, job_id, ["reviewer"], time.time())
+    tampered = sign_attestation(CREDENTIALS.approval_key, "0" * 64, job_id, ["reviewer"], time.time(), lone_head())
     post(client, "/control/apply", {"plan": planned["plan"], "plan_hash": "0" * 64, "attestation": tampered}, 400)
-    valid = sign_attestation(CREDENTIALS.approval_key, planned["plan_hash"], job_id, ["reviewer"], time.time())
+    valid = sign_attestation(CREDENTIALS.approval_key, planned["plan_hash"], job_id, ["reviewer"], time.time(),
+                             lone_head())
     post(client, "/control/apply", {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": valid},
          202)  # nothing started the first time, so the job id is still unspent
 
@@ -380,8 +383,8 @@ class FailingApplyDriver(FakeDriver):
 
 
 def test_a_job_whose_apply_failed_otherwise_stays_spent():
-    """Guard: JobLedger.claim (engine/job_ledger.py) frees a job id only when the driver refused the plan; after any other
-    failure the same attestation cannot start a second operation."""
+    """Guard: JobLedger.claim (engine/job_ledger.py) frees a job id only when the driver refused the plan; after any
+    other failure the same attestation cannot start a second operation."""
     client = _client(FailingApplyDriver())
     planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
     body = {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": attested(planned["plan_hash"])}
