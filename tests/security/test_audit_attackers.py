@@ -228,7 +228,7 @@ def test_control_token_holder_reads_the_witness_but_cannot_move_it(live_engine):
     trail = "7a" * 32
     _, captured = _witness_lone_trail(live_engine, 10, trail=trail)
     assert live_engine.anonymous.get("/control/audit-head", params={"trail": trail}).status_code == 401
-    raised = {**captured, "job_id": captured["job_id"] + 1, "audit_head": {**captured["audit_head"], "seq": 99}}
+    raised = {**captured, "audit_head": {**captured["audit_head"], "seq": 99}}
     reply = live_engine.client.post("/control/apply", json={"plan": {}, "plan_hash": "ab" * 32,
                                                              "attestation": raised})
     assert reply.status_code == 403 and "attestation.signature does not match" in reply.json()["error"]
