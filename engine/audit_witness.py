@@ -56,21 +56,21 @@ class AuditWitness:
         went back or forked (then recorded, so the trail stays refused)."""
         head, issued_at = attestation.audit_head, attestation.issued_at
         seen = self._trails.get(head.trail)
-        if seen is None or head.seq > seen["seq"]:
-            self._trails[head.trail] = {"seq": head.seq, "hash": head.hash,
-                                        "issued_at": max(issued_at, seen["issued_at"]) if seen else issued_at,
-                                        "rolled_back": seen["rolled_back"] if seen else None}
-            self._save()
-        elif seen["rolled_back"] is None:
+        if seen is not None and seen["rolled_back"] is None:
             problem = _rollback(seen, head, issued_at)
             if problem is not None:
                 seen["rolled_back"] = {"from_seq": seen["seq"], "to_seq": head.seq, "hash": head.hash,
                                        "issued_at": issued_at, "problem": problem}
                 self._save()
-        rolled_back = self._trails[head.trail]["rolled_back"]
-        if rolled_back is not None:
-            raise ApplyRefused(409, f"apply refused: {rolled_back['problem']}; this engine refuses the trail's "
-                                    "attestations until its operator has looked (docs/console.md, \"Trust model\")")
+        if seen is not None and seen["rolled_back"] is not None:  # kept as witnessed: the head before the rollback
+            raise ApplyRefused(409, f"apply refused: {seen['rolled_back']['problem']}; this engine refuses the "
+                                    "trail's attestations until its operator has looked (docs/console.md, \"Trust "
+                                    "model\")")
+        if seen is None or head.seq > seen["seq"]:
+            # The newest issue time too: an attestation signed before it and delivered late is no rollback.
+            self._trails[head.trail] = {"seq": head.seq, "hash": head.hash, "rolled_back": None,
+                                        "issued_at": max(issued_at, seen["issued_at"]) if seen else issued_at}
+            self._save()
 
     def _save(self) -> None:
         if self.path is not None:
