@@ -41,6 +41,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _host_names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(","))
+    bad = [name for name in names if not name or "/" in name or " " in name]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected comma-separated host names like engine.lan,10.0.0.5 (no scheme "
+                                         f"or path), got {text!r}")
+    return names
+
+
 def _checkpoint(text: str) -> Path:
     folder = Path(text)
     if not folder.is_dir():
@@ -106,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "$SEAM_API_KEY or --allow-open-v1")
     serve.add_argument("--allow-open-v1", action="store_true",
                        help="serve /v1 without an API key on a non-loopback --host, on purpose")
+    serve.add_argument("--allowed-hosts", type=_host_names, default=(), metavar="NAME,...",
+                       help="more Host names /v1 answers to, beside localhost, 127.0.0.1, [::1] and a non-wildcard "
+                            "--host ('*': any); others get 421, against DNS rebinding")
     serve.add_argument("--port", type=_positive, default=8100)
     serve.add_argument("--redis-url", help="publish telemetry here (default: $REDIS_URL; none: no publishing)")
     serve.add_argument("--telemetry-hz", type=float, default=4.0)
@@ -163,7 +175,7 @@ def _serve(args: argparse.Namespace) -> tuple[dict, str]:
 
     run_service(_checkpoint(args.checkpoint), args.rig, args.cut, args.host, args.port,
                 args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel, args.ladder,
-                args.allow_open_v1, args.state_dir)
+                args.allow_open_v1, args.state_dir, args.allowed_hosts)
     return {"stopped": True}, "seam engine stopped"
 
 

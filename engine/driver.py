@@ -12,6 +12,7 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 
@@ -70,6 +71,9 @@ class PipelineDriver:
         self.cancelled: set[int] = set()
         self.ids = itertools.count()
         self.phase = "starting"
+        # Fresh at every start: the console tells by it that the engine restarted (and lost its operations) under a
+        # job it was following (docs/console.md, "Trust model").
+        self.boot_id = uuid.uuid4().hex
         self.snapshot_seq = itertools.count(1)
         self.last_seq = 0
         self.throughput: deque[tuple[float, int, int]] = deque()
@@ -155,6 +159,9 @@ class PipelineDriver:
     # --- requests --------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.text.encode(text)
+
+    def max_prompt_chars(self) -> int | None:
+        return self.text.max_prompt_chars(self.max_model_len)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.text.decode(token_ids)

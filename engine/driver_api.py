@@ -74,11 +74,16 @@ class Driver(Protocol):
         """Token ids of `text` (EngineError when the checkpoint has no tokenizer)."""
         ...
 
+    def max_prompt_chars(self) -> int | None:
+        """The most characters a text prompt may have before it is tokenized: no longer one fits max_model_len
+        tokens (None: no tokenizer, so no text prompt at all)."""
+        ...
+
     def decode(self, token_ids: list[int]) -> str:
         ...
 
     def state(self) -> dict[str, Any]:
-        """GET /control/state: {model, rig, fingerprint, cut, shape, phase, ranks: [...], ladder: {...},
+        """GET /control/state: {model, rig, boot_id, fingerprint, cut, shape, phase, ranks: [...], ladder: {...},
         measurement: {...} (solvers.measurement.LayoutMeasurement.to_dict)}."""
         ...
 

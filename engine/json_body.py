@@ -1,9 +1,11 @@
-"""Reading a request's JSON object within bounds: a size cap (413) and a nesting cap (400).
+"""Reading a request's JSON object within bounds: a size cap (413), a nesting cap (400), and text only (400).
 
 The size is checked on the declared Content-Length first and then counted while the body streams in, so a
 client that lies about its length, or sends none (chunked), is cut off at the cap too. The nesting depth is
 checked by a linear scan before json.loads ever runs: Python's parser recurses once per level, and a body
-100k levels deep would otherwise end in a RecursionError (a 500) after tying up a thread.
+100k levels deep would otherwise end in a RecursionError (a 500) after tying up a thread. A string holding a lone
+UTF-16 surrogate ("\\ud800", which JSON's escapes allow) is refused naming where it is: it is not text, so the
+tokenizer refuses it and no reply that echoes it can be encoded (both were 500s).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ MAX_DEPTH = 64  # no request or plan nests deeper than a handful of levels
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included (no backtracking)
 _NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
 _OPENING = frozenset(b"[{")
+# Where a surrogate can come from: a \\uD800-\\uDFFF escape, or its raw UTF-8 form (json.loads decodes bytes with
+# surrogatepass). A body with neither, nearly every body, is not walked.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a pair decodes to one character, so any left is alone
 
 
 def max_body_bytes(environ: Mapping[str, str] = os.environ) -> int:
@@ -85,7 +91,28 @@ def _parse(raw: bytes) -> dict[str, Any]:
         raise ApiError(f"the request body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise ApiError(f"the request body must be a JSON object, not {type(body).__name__}")
+    if _MAYBE_SURROGATE.search(raw):
+        _refuse_surrogates(body, "")
     return body
+
+
+def _refuse_surrogates(value: Any, path: str) -> None:
+    """ApiError naming the first string (or key) under `value` that holds a lone surrogate; `path` is where it is."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        if found:
+            raise ApiError(f"{path} holds a lone UTF-16 surrogate ({ascii(found.group())[1:-1]}), which is not text: "
+                           "send valid Unicode (a character beyond U+FFFF as its surrogate pair)", path)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_surrogates(item, f"{path}[{index}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if _SURROGATE.search(key):  # named escaped: the key itself cannot be written back
+                where = f"{path}.{ascii(key)}" if path else ascii(key)
+                raise ApiError(f"the key {where} holds a lone UTF-16 surrogate, which is not text: send valid Unicode",
+                               where)
+            _refuse_surrogates(item, f"{path}.{key}" if path else key)
 
 
 def _no_constant(name: str) -> Any:

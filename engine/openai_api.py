@@ -14,7 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.sampler import MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX, TEMPERATURE_RULE, SamplingParams
+from engine.sampler import (
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    MIN_TOP_P,
+    SEED_MAX,
+    TEMPERATURE_RULE,
+    TOP_P_RULE,
+    SamplingParams,
+)
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos",
@@ -43,10 +51,19 @@ class GenerationRequest:
     """A parsed completion or chat request; the prompt is still text when the client sent text."""
 
     prompt: str | list[int]
+    prompt_field: str  # where the prompt came from ("prompt" or "messages"), named when it is refused
     max_tokens: int | None  # None: whatever the context leaves (chat's default, as OpenAI)
     sampling: dict[str, Any]
     stream: bool
     include_usage: bool
+
+    def check_prompt_chars(self, limit: int | None, max_model_len: int) -> None:
+        """ApiError when a text prompt is longer than `limit` characters (Driver.max_prompt_chars): no such text fits
+        max_model_len tokens, and tokenizing megabytes to find that out would take seconds."""
+        if isinstance(self.prompt, str) and limit is not None and len(self.prompt) > limit:
+            raise ApiError(f"{self.prompt_field}: {len(self.prompt):,} characters of prompt text, more than the "
+                           f"{limit:,} that can fit this engine's max_model_len of {max_model_len:,} tokens; shorten "
+                           "it", self.prompt_field)
 
     def params(self, prompt_tokens: int, max_model_len: int) -> SamplingParams:
         max_tokens = self.max_tokens or max(1, max_model_len - prompt_tokens)
@@ -55,13 +72,13 @@ class GenerationRequest:
 
 def parse_completion(body: dict[str, Any], model_name: str) -> GenerationRequest:
     _check_fields(body, COMPLETION_FIELDS, model_name)
-    return _generation(body, _prompt(body.get("prompt")), max_tokens=_integer(body, "max_tokens", 16, 1))
+    return _generation(body, _prompt(body.get("prompt")), "prompt", max_tokens=_integer(body, "max_tokens", 16, 1))
 
 
 def parse_chat(body: dict[str, Any], model_name: str) -> GenerationRequest:
     _check_fields(body, CHAT_FIELDS, model_name)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _generation(body, render_chat(body.get("messages")), max_tokens=_integer(body, name, None, 1))
+    return _generation(body, render_chat(body.get("messages")), "messages", max_tokens=_integer(body, name, None, 1))
 
 
 def render_chat(messages: Any) -> str:
@@ -137,7 +154,8 @@ def _token_ids(value: Any, name: str) -> list[int]:
     return value
 
 
-def _generation(body: dict[str, Any], prompt: str | list[int], max_tokens: int | None) -> GenerationRequest:
+def _generation(body: dict[str, Any], prompt: str | list[int], prompt_field: str,
+                max_tokens: int | None) -> GenerationRequest:
     if _integer(body, "n", 1, 1) != 1:
         raise ApiError("n must be 1: send one request per completion", "n")
     if body.get("stop") not in (None, "", []):
@@ -149,13 +167,13 @@ def _generation(body: dict[str, Any], prompt: str | list[int], max_tokens: int |
     include_usage = _boolean(options or {}, "include_usage", "stream_options.include_usage")
     sampling = {
         "temperature": _temperature(body),
-        "top_p": _number(body, "top_p", 1.0, low=0.0, high=1.0, open_low=True),
+        "top_p": _top_p(body),
         "top_k": _integer(body, "top_k", 0, 0),  # extension; 0 disables it
         "seed": _integer(body, "seed", None, 0, maximum=SEED_MAX),
         "stop_token_ids": tuple(_token_ids(body.get("stop_token_ids") or [], "stop_token_ids")),
         "ignore_eos": _boolean(body, "ignore_eos"),
     }
-    return GenerationRequest(prompt, max_tokens, sampling, stream, include_usage)
+    return GenerationRequest(prompt, prompt_field, max_tokens, sampling, stream, include_usage)
 
 
 def _integer(body: dict[str, Any], name: str, default: int | None, minimum: int,
@@ -182,16 +200,12 @@ def _temperature(body: dict[str, Any]) -> float:
     return float(value)
 
 
-def _number(body: dict[str, Any], name: str, default: float, low: float, high: float | None = None,
-            open_low: bool = False) -> float:
-    value = body.get(name)
+def _top_p(body: dict[str, Any]) -> float:
+    value = body.get("top_p")
     if value is None:
-        return default
-    fits = (isinstance(value, int | float) and not isinstance(value, bool)
-            and (value > low if open_low else value >= low) and (high is None or value <= high))
-    if not fits:
-        bounds = f"{'>' if open_low else '>='} {low:g}" + (f" and <= {high:g}" if high is not None else "")
-        raise ApiError(f"{name} must be a number {bounds} (got {_show(value)})", name)
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not MIN_TOP_P <= value <= 1:
+        raise ApiError(f"top_p must be {TOP_P_RULE} (got {_show(value)})", "top_p")
     return float(value)
 
 

@@ -14,6 +14,11 @@ SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes exactly 0..2**64-1 (an
 # refuses; 2 is OpenAI's ceiling. 0 means greedy and is always accepted.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 2.0
 TEMPERATURE_RULE = f"0 (greedy) or between {MIN_TEMPERATURE:g} and {MAX_TEMPERATURE:g}"
+# top_p is compared with float32 probabilities: below float32's smallest normal number it rounds toward 0 (to 0
+# itself under 7e-46, e.g. 5e-324), every token is dropped, and softmax over nothing but -inf is NaN, which
+# multinomial refuses.
+MIN_TOP_P = float(torch.finfo(torch.float32).tiny)
+TOP_P_RULE = f"a number from {MIN_TOP_P:.3g} (float32's smallest normal number) to 1"
 # Fault injection for tests: sampling raises for a request with this seed (SamplingParams stay valid).
 FAULT_SEED_ENV = "SEAM_FAULT_SAMPLE_SEED"
 
@@ -34,8 +39,8 @@ class SamplingParams:
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float)
                 or not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE)):
             raise EngineRequestError(f"temperature must be {TEMPERATURE_RULE} (got {self.temperature!r})")
-        if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
-            raise EngineRequestError(f"top_p must be in (0, 1] (got {self.top_p!r})")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float) or not MIN_TOP_P <= self.top_p <= 1:
+            raise EngineRequestError(f"top_p must be {TOP_P_RULE} (got {self.top_p!r})")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise EngineRequestError(f"top_k must be a non-negative integer (got {self.top_k!r}); 0 disables it")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)

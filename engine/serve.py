@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engine.access import Credentials, exposure_notices
 from engine.audit_witness import AuditWitness
+from engine.cross_site import AllowedHosts
 from engine.driver import PipelineDriver
 from engine.job_ledger import JobLedger, default_state_dir
 from engine.json_body import max_body_bytes
@@ -21,7 +22,8 @@ log = logging.getLogger("seam.engine")
 
 def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
                 redis_url: str | None, telemetry_hz: float, telemetry_channel: str = "seam:telemetry",
-                ladder: str | None = None, allow_open_v1: bool = False, state_dir: Path | None = None) -> None:
+                ladder: str | None = None, allow_open_v1: bool = False, state_dir: Path | None = None,
+                allowed_hosts: tuple[str, ...] = ()) -> None:
     from engine.service import serve
 
     # Everything the environment and flags decide is checked before the ranks start, so a refusal is immediate.
@@ -48,7 +50,7 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     try:
         print(f"seam engine: rig {driver.rig.name}, cut {list(driver.cut)}, pool {driver.prediction.pool_tokens} "
               f"tokens, serving on http://{host}:{port}", flush=True)
-        serve(driver, credentials, jobs, witness, host, port, body_limit)
+        serve(driver, credentials, jobs, witness, host, port, body_limit, AllowedHosts.for_bind(host, allowed_hosts))
     finally:
         if publisher is not None:
             publisher.stop()

@@ -6,7 +6,9 @@ the driver's emit wakes the stream), so a thousand open streams hold no threads 
 control API.
 
 Who may call what is engine/access.py's: each route names its gate (control token, API key, or open), checked
-before the handler reads the body. Every JSON body is read within bounds (engine/json_body.py: 413, 400).
+before the handler reads the body; /v1's gate also refuses what a web page could send (engine/cross_site.py: 421,
+415). Every JSON body is read within bounds (engine/json_body.py: 413, 400), and a text prompt too long to fit
+max_model_len is refused before it is tokenized (400).
 
 Errors are JSON and never carry a traceback: `{"error": {"message", "type", "param"}}` under /v1 (OpenAI's
 shape), `{"error": "..."}` elsewhere. Unexpected exceptions answer 500 with a short message; the traceback
@@ -33,11 +35,20 @@ from starlette.routing import Route
 
 from engine.access import Credentials, Unauthorized, attested, require_api_key, require_control_token
 from engine.audit_witness import AuditWitness
+from engine.cross_site import AllowedHosts, require_json
 from engine.driver_api import ApplyRefused, Driver, RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.job_ledger import JobLedger
 from engine.json_body import DEFAULT_MAX_BODY_BYTES, read_json_object
-from engine.openai_api import ApiError, IncrementalText, Reply, error_body, parse_chat, parse_completion
+from engine.openai_api import (
+    ApiError,
+    GenerationRequest,
+    IncrementalText,
+    Reply,
+    error_body,
+    parse_chat,
+    parse_completion,
+)
 from engine.token_stream import TokenStream
 from solvers.errors import SolverError
 
@@ -103,11 +114,12 @@ class _Service:
     """The handlers and their gates, bound to one driver and the engine's credentials."""
 
     def __init__(self, driver: Driver, credentials: Credentials, max_body_bytes: int, jobs: JobLedger,
-                 witness: AuditWitness):
+                 allowed_hosts: AllowedHosts, witness: AuditWitness):
         self.driver = driver
         self.credentials = credentials
         self.max_body_bytes = max_body_bytes
         self.jobs = jobs
+        self.allowed_hosts = allowed_hosts
         self.witness = witness
         # Control and metrics calls get threads of their own: under load generation fills the default pool,
         # and an operator must still be able to see and change the layout.
@@ -117,7 +129,10 @@ class _Service:
         require_control_token(self.credentials, request.headers)
 
     def api_gate(self, request: Request) -> None:
+        self.allowed_hosts.require(request.headers)  # first: a rebinding page learns nothing, not even the 401
         require_api_key(self.credentials, request.headers)
+        if request.method == "POST":
+            require_json(request.headers)
 
     async def _control(self, function: Callable[..., Any], *args: Any) -> Any:
         return await _run(function, *args, limiter=self.control_threads)
@@ -141,16 +156,23 @@ class _Service:
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
 
+    def _tokenized(self, body: dict[str, Any], chat: bool) -> tuple[GenerationRequest, list[int]]:
+        """The parsed request and its prompt's token ids. Rendering a chat and tokenizing cost CPU in proportion to
+        the prompt, so this runs on a worker thread; a prompt too long to fit is refused before the tokenizer."""
+        driver = self.driver
+        parsed = parse_chat(body, driver.model_name) if chat else parse_completion(body, driver.model_name)
+        if not isinstance(parsed.prompt, str):
+            return parsed, parsed.prompt
+        parsed.check_prompt_chars(driver.max_prompt_chars(), driver.max_model_len)
+        try:
+            return parsed, driver.encode(parsed.prompt)
+        except EngineError as error:  # no tokenizer: the client must send token ids
+            raise ApiError(str(error), parsed.prompt_field) from None
+
     async def _generate(self, request: Request, chat: bool) -> Response:
         driver = self.driver
         body = await self._api_body(request)
-        parsed = parse_chat(body, driver.model_name) if chat else parse_completion(body, driver.model_name)
-        prompt = parsed.prompt
-        if isinstance(prompt, str):
-            try:
-                prompt = await _run(driver.encode, prompt)
-            except EngineError as error:  # no tokenizer: the client must send token ids
-                raise ApiError(str(error), "messages" if chat else "prompt") from None
+        parsed, prompt = await _run(self._tokenized, body, chat)
         params = parsed.params(len(prompt), driver.max_model_len)
         handle: RequestHandle = await _run(driver.submit, prompt, params)
         stream = TokenStream(handle)
@@ -280,11 +302,13 @@ def _open(request: Request) -> None:
 
 
 def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              jobs: JobLedger | None = None, witness: AuditWitness | None = None) -> Starlette:
+              jobs: JobLedger | None = None, allowed_hosts: AllowedHosts | None = None,
+              witness: AuditWitness | None = None) -> Starlette:
     """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one. `jobs`: the
-    spent-job ledger, `witness`: the witnessed audit heads (default: each in memory, for an app built in-process)."""
+    spent-job ledger and `witness` the witnessed audit heads (default: each in memory, for an app built in-process);
+    `allowed_hosts`: the Host names /v1 answers to (default: loopback's)."""
     service = _Service(driver, credentials, max_body_bytes, jobs if jobs is not None else JobLedger(),
-                       witness if witness is not None else AuditWitness())
+                       allowed_hosts or AllowedHosts(), witness if witness is not None else AuditWitness())
     api, control = service.api_gate, service.control_gate
     routes = [
         ("/v1/completions", service.completions, "POST", api),
@@ -305,11 +329,14 @@ def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DE
 
 
 def serve(driver: Driver, credentials: Credentials, jobs: JobLedger, witness: AuditWitness, host: str = "127.0.0.1",
-          port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-    """Serve until interrupted, then shut the driver down (its rank processes with it)."""
+          port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          allowed_hosts: AllowedHosts | None = None) -> None:
+    """Serve until interrupted, then shut the driver down (its rank processes with it). `allowed_hosts`: default
+    loopback's and `host` (AllowedHosts.for_bind)."""
     try:
+        app = build_app(driver, credentials, max_body_bytes, jobs, allowed_hosts or AllowedHosts.for_bind(host),
+                        witness)
         # Open streams would hold a graceful shutdown forever; give them a few seconds to finish.
-        uvicorn.run(build_app(driver, credentials, max_body_bytes, jobs, witness), host=host, port=port,
-                    log_level="warning", timeout_graceful_shutdown=5)
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         driver.shutdown()

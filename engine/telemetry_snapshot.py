@@ -87,7 +87,7 @@ def build_snapshot(driver: PipelineDriver, seq: int) -> dict:
 def build_state(driver: PipelineDriver) -> dict:
     """GET /control/state; the caller holds the driver's lock."""
     return {
-        "model": driver.model_name, "rig": driver.rig.name,
+        "model": driver.model_name, "rig": driver.rig.name, "boot_id": driver.boot_id,
         "fingerprint": driver.fingerprint(), "cut": list(driver.cut), "shape": driver.shape.to_dict(),
         "phase": driver.phase, "pool_tokens": driver.prediction.pool_tokens,
         "binding_rank": driver.prediction.binding_rank,

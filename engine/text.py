@@ -13,11 +13,26 @@ class CheckpointText:
         self.folder, self.vocab_size = folder, vocab_size
         self.tokenizer = _tokenizer(folder)
         self.eos_ids = _eos_ids(folder)
+        # Every token stands for at most as many characters of text as its vocabulary entry spells: a byte-level BPE
+        # entry spells each of its bytes as one character (a text has no more characters than UTF-8 bytes), and
+        # SentencePiece pieces spell their text (byte-fallback pieces like <0xE2>, more). A normalizer may fold
+        # characters first, at most 1.5 to one (NFC: three into one of two bytes), hence the factor 2 in
+        # max_prompt_chars. (A tokenizer that fuses unknown text into one token could fit more; the engine's
+        # byte-level checkpoints have none.)
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True) if self.tokenizer else {}
+        self.longest_token_chars = max(map(len, vocab), default=1)
+
+    def max_prompt_chars(self, max_model_len: int) -> int | None:
+        """The most characters a text prompt can have and still fit `max_model_len` tokens (None: no tokenizer), so
+        a longer one is refused before the tokenizer spends seconds on it."""
+        return None if self.tokenizer is None else 2 * max_model_len * self.longest_token_chars
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise EngineRequestError(f"checkpoint {self.folder} has no tokenizer.json: send token ids instead of text")
-        return self.tokenizer.encode(text).ids
+        # encode_batch releases the GIL while it works (encode holds it throughout), so a long prompt tokenized on a
+        # worker thread leaves the event loop and the other threads running.
+        return self.tokenizer.encode_batch([text])[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer else ""

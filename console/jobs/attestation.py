@@ -12,12 +12,21 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 
-from console.audit.services import audit_head
+from console.audit.services import audit_head, record
 from console.jobs.models import Approval, Job
+from console.jobs.roles import REVIEWER
+from console.jobs.services import required_approvals
+from console.jobs.transitions import subject_of
+from console.jobs.vouching import unvouched
 from solvers.attestation import APPROVAL_KEY_ENV, sign_attestation
 
-__all__ = ["CannotAttest", "approvers_of", "attest"]
+__all__ = ["APPROVAL_UNVERIFIED", "CannotAttest", "approvers_of", "attest"]
+
+# The audit event naming approvals that would have counted but were set aside when the job was attested.
+APPROVAL_UNVERIFIED = "job.approval_unverified"
 
 
 class CannotAttest(Exception):
@@ -25,11 +34,54 @@ class CannotAttest(Exception):
 
 
 def approvers_of(job: Job) -> list[str]:
-    """The reviewers (their usernames, frozen) whose approvals count for the job's current plan now: given for this
-    plan_hash, not expired, and not the proposer's (as services.approvals_counting counts them)."""
-    counting = (Approval.objects.counting(job.plan_hash).filter(job=job).exclude(reviewer=None)
-                .exclude(reviewer_id=job.proposer_id))
-    return sorted(set(counting.values_list("reviewer_name", flat=True)))
+    """The reviewers (their usernames, frozen) whose approvals count for the job's current plan now, as the pages
+    count them (Approval.objects.counting_for: this plan, unexpired, not the proposer's, by a reviewer still active
+    and in the role), each vouched for by its keyed audit event (console.jobs.vouching).
+
+    An approval of this plan that is set aside (its reviewer lost the right, or no keyed event vouches for it) is
+    audited as `job.approval_unverified`; CannotAttest, saying why, when fewer than SEAM_REQUIRED_APPROVALS
+    reviewers are left.
+    """
+    now = timezone.now()
+    entitled = set(Approval.objects.counting_for(job, now).values_list("pk", flat=True))
+    approvers, set_aside = set(), []
+    for approval in Approval.objects.given_for(job, now).select_related("job", "reviewer"):
+        reasons = [reason for reason in (None if approval.pk in entitled else _lost_right(approval),
+                                         unvouched(approval)) if reason]
+        if reasons:
+            set_aside.append({"approval": approval.pk, "reviewer": approval.reviewer_name, "reasons": reasons})
+        else:
+            approvers.add(approval.reviewer_name)
+    required = required_approvals()
+    if set_aside:
+        with transaction.atomic():
+            record(actor=None, action=APPROVAL_UNVERIFIED, subject=subject_of(job),
+                   payload={"plan_hash": job.plan_hash, "approvals": set_aside, "counting": len(approvers),
+                            "required": required, "refused": len(approvers) < required})
+    if len(approvers) < required:
+        raise CannotAttest(_short(job, len(approvers), required, set_aside))
+    return sorted(approvers)
+
+
+def _lost_right(approval: Approval) -> str:
+    name = approval.reviewer_name
+    if not approval.reviewer.is_active:
+        return f"{name} has been deactivated"
+    return f"{name} no longer holds the {REVIEWER} role"
+
+
+def _short(job: Job, counting: int, required: int, set_aside: list[dict]) -> str:
+    plan = job.plan_hash[:16]
+    if not set_aside and not counting:
+        return (f"no approval of plan {plan} counts any more (expired since the job was queued); nothing was "
+                "applied: propose again")
+    if not set_aside:
+        return (f"only {counting} of the {required} approvals plan {plan} needs still count (the others expired "
+                "since the job was queued); nothing was applied: propose again")
+    why = "; ".join(f"approval {item['approval']} by {item['reviewer']}: {', '.join(item['reasons'])}"
+                    for item in set_aside)
+    return (f"{counting} of the {required} approvals plan {plan} needs count: set aside ({APPROVAL_UNVERIFIED}) "
+            f"{why}; nothing was applied")
 
 
 def attest(job: Job) -> dict:
@@ -40,7 +92,4 @@ def attest(job: Job) -> dict:
         raise CannotAttest(f"this console holds no approval key ({APPROVAL_KEY_ENV} is not set), so it cannot attest "
                            f"the review of job {job.pk} and the engine would refuse the plan; nothing was applied")
     approvers = approvers_of(job)
-    if not approvers:
-        raise CannotAttest(f"no approval of plan {job.plan_hash[:16]} counts any more (expired since the job was "
-                           "queued); nothing was applied: propose again")
     return sign_attestation(key, job.plan_hash, job.pk, approvers, time.time(), audit_head())

@@ -41,6 +41,7 @@ class EngineState(TypedDict):
     ranks: list[dict[str, Any]]
     ladder: dict[str, Any]
     pool_tokens: NotRequired[int | None]
+    boot_id: NotRequired[str]  # fresh at each start of the engine: another one means it restarted
 
 
 class PlanReply(TypedDict):

@@ -14,7 +14,7 @@ from console.jobs.choices import JobStatus
 from console.jobs.models import Job
 from console.jobs.transitions import job_id_of, lost, pool_of, publish_job_id, publish_on_commit, subject_of, transition
 
-__all__ = ["WORKER_ENDINGS", "finish", "hand_off", "record_operation", "report_progress", "start"]
+__all__ = ["WORKER_ENDINGS", "finish", "hand_off", "note_engine_boot", "record_operation", "report_progress", "start"]
 
 log = logging.getLogger("seam.jobs")
 
@@ -27,6 +27,13 @@ def start(job: Job | int, *, worker: str = "", task_id: str = "") -> Job:
     return transition(job_id_of(job), JobStatus.QUEUED, JobStatus.RUNNING, actor=None,
                       payload={"worker": worker, "task_id": task_id}, started_at=now, worker=worker[:255],
                       task_id=task_id[:255], phase="", progress=0.0, error="")
+
+
+def note_engine_boot(job: Job | int, boot_id: str) -> bool:
+    """The boot id of the engine the worker is about to give the plan to, kept so that the job's end can tell the
+    engine restarted under it (console.jobs.worker). Only before the plan is sent; no audit event."""
+    return bool(Job.objects.filter(pk=job_id_of(job), status=JobStatus.RUNNING, engine_operation_id="").update(
+        engine_boot_id=str(boot_id or "")[:64]))
 
 
 def record_operation(job: Job | int, operation_id: str, *, approvers: list[str] | None = None,

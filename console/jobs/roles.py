@@ -7,8 +7,9 @@ review gate cannot be walked around by an admin account.
 from __future__ import annotations
 
 from django.contrib.auth.models import Group
+from django.db.models import Q
 
-__all__ = ["OPERATOR", "REVIEWER", "ROLES", "VIEWER", "ensure_roles", "has_role", "roles_of"]
+__all__ = ["OPERATOR", "REVIEWER", "ROLES", "VIEWER", "ensure_roles", "has_role", "held_through", "roles_of"]
 
 VIEWER, OPERATOR, REVIEWER = "viewer", "operator", "reviewer"
 ROLES = (VIEWER, OPERATOR, REVIEWER)
@@ -22,6 +23,12 @@ def roles_of(user) -> set[str]:
 
 def has_role(user, role: str) -> bool:
     return role in roles_of(user)
+
+
+def held_through(user_field: str, role: str) -> Q:
+    """has_role as a query, for rows that link a user through `user_field` (e.g. an Approval's "reviewer"): the
+    user is active and in the role's group."""
+    return Q(**{f"{user_field}__is_active": True, f"{user_field}__groups__name": role})
 
 
 def ensure_roles() -> None:

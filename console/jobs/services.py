@@ -4,9 +4,10 @@
                                    its `not_before`, for a scheduled change: console.jobs.schedule)
     revise(user, job, body=None)   the proposer: plan again; a new plan_hash dismisses every approval (rule 2)
     approve(user, job, plan_hash=) reviewer, never the proposer (rule 1), bound to the plan_hash seen (rule 2);
-                                   counts unexpired approvals against SEAM_REQUIRED_APPROVALS (rule 3); the last
-                                   one needed moves the job approved -> queued and hands it to Celery on commit,
-                                   or, for a job whose not_before lies ahead, leaves it approved
+                                   counts unexpired approvals of reviewers still in the role against
+                                   SEAM_REQUIRED_APPROVALS (rule 3); the last one needed moves the job
+                                   approved -> queued and hands it to Celery on commit, or, for a job whose
+                                   not_before lies ahead, leaves it approved
     queue_due(now=None)            beat: scheduled jobs whose not_before has come, approved -> queued, handed over
     reject(user, job, reason=)     reviewer: proposed -> rejected; the engine is never asked
     cancel(user, job)              operator, own job, before it runs: -> cancelled
@@ -14,7 +15,8 @@
                                    back to the layout it replaced, linked to it (`reverts`), reviewed like any other
     (a refused propose, approve, reject, cancel or revert is an audit event too: `job.<verb>_refused`,
     console.jobs.refusals)
-    start / record_operation / report_progress / finish     the worker's side (console.jobs.execution)
+    start / note_engine_boot / record_operation / report_progress / finish     the worker's side
+                                   (console.jobs.execution)
 
 Every transition is compare-and-set on the status (an UPDATE filtered on the expected status, refused unless
 it changed exactly one row), so two reviewers, two workers or a worker and the reconciler cannot both win.
@@ -39,7 +41,7 @@ from console.jobs import planning, schedule, webhooks
 from console.jobs.choices import ACTIVE, CANCELLABLE, JobKind, JobStatus, SpeedVerdict
 from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict, InvalidProposal, JobError, NotAllowed
-from console.jobs.execution import finish, hand_off, record_operation, report_progress, start
+from console.jobs.execution import finish, hand_off, note_engine_boot, record_operation, report_progress, start
 from console.jobs.models import Approval, Job, LayoutCause
 from console.jobs.refusals import body_digest, records_refusals, refuse_proposal
 from console.jobs.roles import OPERATOR, REVIEWER
@@ -53,13 +55,15 @@ from console.jobs.transitions import (
     subject_of,
     transition,
 )
+from console.jobs.vouching import APPROVAL_EVENT, approval_binding
 
 log = logging.getLogger("seam.jobs")
 
 # The worker's side lives in console.jobs.execution; it is named here too so that every caller goes through
 # this one module.
-__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "propose", "propose_revert", "queue_due",
-           "record_operation", "reject", "report_progress", "required_approvals", "revise", "start"]
+__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "note_engine_boot", "propose",
+           "propose_revert", "queue_due", "record_operation", "reject", "report_progress", "required_approvals",
+           "revise", "start"]
 
 # --- the operator's side -----------------------------------------------------------------------
 
@@ -201,9 +205,8 @@ def required_approvals() -> int:
 
 
 def approvals_counting(job: Job, now=None) -> int:
-    """Distinct reviewers whose approval is for this job's current plan and has not expired (rules 1-3)."""
-    return (Approval.objects.counting(job.plan_hash, now).filter(job=job).exclude(reviewer=None)
-            .exclude(reviewer_id=job.proposer_id).values("reviewer_id").distinct().count())
+    """Distinct reviewers whose approval counts for this job's current plan now (Approval.objects.counting_for)."""
+    return Approval.objects.counting_for(job, now).values("reviewer_id").distinct().count()
 
 
 @records_refusals("approve")
@@ -237,14 +240,13 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
                                            plan_hash=job.plan_hash, created=now,
                                            expires_at=schedule.approval_expiry(job, now, ttl_s))
         count, required = approvals_counting(job, now), required_approvals()
-        record(actor=user, action="job.approval", subject=subject_of(job), request_id=request_id,
-               payload={"plan_hash": job.plan_hash, "approval": approval.pk, "counting": count,
-                        "required": required, "expires_at": approval.expires_at.isoformat()})
+        # This keyed event is what vouches for the approval when the worker attests the job (console.jobs.vouching).
+        record(actor=user, action=APPROVAL_EVENT, subject=subject_of(job), request_id=request_id,
+               payload={**approval_binding(approval), "counting": count, "required": required})
         if count < required:
             publish_on_commit(job)
             return job
-        reviewers = sorted(Approval.objects.counting(job.plan_hash, now).filter(job=job)
-                           .values_list("reviewer_name", flat=True).distinct())
+        reviewers = sorted(Approval.objects.counting_for(job, now).values_list("reviewer_name", flat=True).distinct())
         gate = {"plan_hash": job.plan_hash, "approvals": count, "required": required, "reviewers": reviewers}
         waits = schedule.waits(job, now)
         if waits:

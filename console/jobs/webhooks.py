@@ -10,7 +10,10 @@ Celery task per URL of SEAM_WEBHOOK_URLS to the broker; the task POSTs
 with `X-Seam-Signature: sha256=<hex HMAC-SHA256 of the exact body under SEAM_WEBHOOK_KEY>`, `X-Seam-Delivery` and
 `X-Seam-Event`. When a succeeded job's measured speedup misses its prediction (console.jobs.verdicts),
 `announce_missed_prediction` sends `{"event": "job.missed_prediction", ..., "job": {...},
-"speedup": {predicted, measured, noise_floor, error, missed}}` the same way.
+"speedup": {predicted, measured, noise_floor, error, missed}}` the same way. When the engine restarted under a job's
+apply and came back on a layout the job did not lead to (console.jobs.layout_watch), `announce_restart_mid_apply`
+sends `{"event": "engine.restarted_mid_apply", ..., "job": {...}, "engine": {url, before, after, boot_id_before,
+boot_id_after}}`.
 Every payload also carries `"audit_head": {trail, seq, hash}`, the audit trail's newest event when it was sent, so a
 receiver witnesses the trail too: a later payload with a lower seq of the same trail means the console's database
 went back (docs/console.md, "Trust model").
@@ -40,13 +43,15 @@ from console.audit.services import audit_head
 from console.jobs.models import Job
 from solvers.verdict import SpeedCheck
 
-__all__ = ["EVENT", "MISSED_PREDICTION", "DeliveryFailed", "announce", "announce_missed_prediction", "deliver",
-           "job_event", "post", "sign", "signature_matches"]
+__all__ = ["EVENT", "MISSED_PREDICTION", "RESTARTED_MID_APPLY", "DeliveryFailed", "announce",
+           "announce_missed_prediction", "announce_restart_mid_apply", "deliver", "job_event", "post", "sign",
+           "signature_matches"]
 
 log = logging.getLogger("seam.webhooks")
 
 EVENT = "job.status"
 MISSED_PREDICTION = "job.missed_prediction"
+RESTARTED_MID_APPLY = "engine.restarted_mid_apply"
 SIGNATURE_HEADER, DELIVERY_HEADER = "X-Seam-Signature", "X-Seam-Delivery"
 RETRY_STATUSES = frozenset({408, 425, 429})
 
@@ -99,6 +104,14 @@ def announce_missed_prediction(job: Job, check: SpeedCheck) -> None:
     has committed); call it on commit. Never raises."""
     _send(job, MISSED_PREDICTION, lambda delivery: {
         **job_event(job, None, delivery, MISSED_PREDICTION), "speedup": check.to_dict()}, "missed prediction")
+
+
+def announce_restart_mid_apply(job: Job, engine: dict) -> None:
+    """Send `engine.restarted_mid_apply` for a job whose engine restarted under its apply and came back on a layout
+    the job did not lead to (`engine`: {url, before, after, boot_id_before, boot_id_after}); call it on commit.
+    Never raises."""
+    _send(job, RESTARTED_MID_APPLY, lambda delivery: {
+        **job_event(job, None, delivery, RESTARTED_MID_APPLY), "engine": engine}, "engine restart mid-apply")
 
 
 def _send(job: Job, event: str, body_of: Callable[[str], dict], what: str) -> None:

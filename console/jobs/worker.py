@@ -13,6 +13,12 @@ a second delivery of a running or finished job finds nothing to claim and does n
    succeeded, failed or rolled_back, with the engine's predicted, measured and previous figures recorded, and
    the layout the engine then runs noted as the job's doing (console.jobs.layout_watch).
 
+The engine's `boot_id` is kept on the job before the plan is sent. An engine that comes back without the job's
+operation (no record of its id, or, for a job without one, none of its plan hash since a restart) restarted under
+the apply: with its state read, the job ends failed naming it, and a layout the job could not have led to (neither
+the one it started from nor its target) is not credited to it but raises one alert
+(layout_watch.note_restart_mid_apply); without the state nothing is decided yet.
+
 An engine that cannot be reached before the plan is sent fails the job with that reason: nothing was applied
 and nothing is retried. A plan sent whose reply is lost (a timeout, a broken connection) is looked up at once
 among the engine's operations of the job's plan hash and followed if found; if not (yet), the job stays `running`
@@ -30,6 +36,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from console.calibration import recording
@@ -41,6 +48,7 @@ from console.jobs.engine_client import (
     EngineClient,
     EngineError,
     EngineRefused,
+    EngineState,
     EngineUnreachable,
     Operation,
 )
@@ -107,6 +115,8 @@ def _run(job: Job, engine: EngineClient) -> str:
         attestation = attest(job)
     except CannotAttest as error:
         return _end(job, JobStatus.FAILED, str(error))
+    services.note_engine_boot(job, state.get("boot_id") or "")
+    job.refresh_from_db()
     operation_id, ending = _apply(job, engine, attestation)
     if ending is not None:
         return ending
@@ -198,8 +208,7 @@ def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
             continue
         except EngineRefused as error:
             if error.status == 404:
-                return _end(job, JobStatus.FAILED, f"the engine has no record of operation {operation_id} (did it "
-                                                   "restart?); check its /control/state")
+                return _operation_lost(job, engine, f"the engine has no record of operation {operation_id}")
             raise
         lost_since = None
         if operation["status"] in OPERATION_DONE:
@@ -228,6 +237,46 @@ def _ended_on_engine(job: Job, engine: EngineClient, operation: Operation, recon
     layout_watch.note_job_end(job, state, engine.base_url)
     recording.note_job_end(job, state, engine.base_url)  # never raises: the job has ended as the engine said
     return ending
+
+
+def _operation_lost(job: Job, engine: EngineClient, lost: str, reconciled: bool = False) -> str:
+    """The engine answers but holds no record of the job's operation (`lost` says which): it restarted under the
+    apply, unless its boot id says it did not (then the record was dropped, and the job fails as before). Without its
+    state nothing is decided: the job stays running for the reconciler."""
+    try:
+        state = engine.state()
+    except EngineError as error:
+        log.warning("job %s: %s, and its state could not be read (%s): left running for the reconciler", job.pk,
+                    lost, error)
+        return JobStatus.RUNNING
+    if job.engine_boot_id and state.get("boot_id") == job.engine_boot_id:
+        return _end(job, JobStatus.FAILED, f"{lost}, though it did not restart; check its /control/state",
+                    reconciled=reconciled)
+    return _restarted_under(job, engine, state, lost, reconciled)
+
+
+def _restarted_under(job: Job, engine: EngineClient, state: EngineState, lost: str, reconciled: bool) -> str:
+    """The engine restarted under the job's apply and runs `state`. A layout the operation could have left (the
+    job's start or its target) is noted as the job's end; any other is the restarted engine's own, not the job's:
+    the job fails naming it and one alert is raised, committed with the job's end."""
+    here = f"layout {state['fingerprint']} (cut {state['cut']})"
+    if layout_watch.led_there(job, state):
+        which = "the one the job started from" if state["fingerprint"] == job.incumbent_fingerprint else \
+            "the job's target"
+        ending = _end(job, JobStatus.FAILED, f"{lost}: the engine restarted mid-apply and runs {here}, {which}; "
+                                             "check its /control/state", reconciled=reconciled)
+        layout_watch.note_job_end(job, state, engine.base_url)
+        return ending
+    reason = (f"the engine restarted mid-apply on {here}: neither the job's target nor the layout it started from "
+              f"({job.incumbent_fingerprint}), so not this job's doing ({lost})")
+    try:
+        with transaction.atomic():
+            services.finish(job, JobStatus.FAILED, error=reason, reconciled=reconciled)
+            layout_watch.note_restart_mid_apply(job, state, engine.base_url)
+    except JobError as lost_race:  # the reconciler (or another worker) settled it first, and alerted if need be
+        log.info("job %s: not ended failed: %s", job.pk, lost_race)
+        return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first() or "missing"
+    return JobStatus.FAILED
 
 
 def _end(job: Job, status: str, error: str, operation: dict | None = None, reconciled: bool = False) -> str:
@@ -273,8 +322,8 @@ def _settle(job: Job, engine: EngineClient) -> str:
         operation = engine.operation(job.engine_operation_id)
     except EngineRefused as error:
         if error.status == 404:
-            return _end(job, JobStatus.FAILED, f"the engine has no record of operation {job.engine_operation_id} "
-                                               "(did it restart?); check its /control/state", reconciled=True)
+            return _operation_lost(job, engine, f"the engine has no record of operation {job.engine_operation_id}",
+                                   reconciled=True)
         return f"left running: {error}"
     except EngineError as error:
         return f"left running: {error}"
@@ -286,8 +335,12 @@ def _settle_without_operation_id(job: Job, engine: EngineClient) -> str:
     engine's operations for the job's plan hash say which: the one its attestation named this job started."""
     try:
         found = _operations_of(job, engine)
+        state = None if found else engine.state()
     except EngineError as error:
         return f"left running: {error}"
+    if state is not None and layout_watch.restarted_since(job, state):
+        return _restarted_under(job, engine, state, f"the engine has no operation of job {job.pk} for plan "
+                                                    f"{job.plan_hash[:16]}", reconciled=True)
     if not found:
         return _end(job, JobStatus.FAILED, "the worker stopped before the engine was given the plan: no operation id "
                                            f"was recorded and the engine has no operation of job {job.pk} for plan "

@@ -50,9 +50,9 @@ def free_port() -> int:
 class LiveService:
     def __init__(self, checkpoint: Path, rig: str = "cpu-demo", extra_env: dict | None = None,
                  redis_url: str | None = None, channel: str = "seam:telemetry", ladder: str | None = None,
-                 state_dir: Path | None = None, port: int | None = None):
+                 state_dir: Path | None = None, port: int | None = None, extra_args: tuple[str, ...] = ()):
         """`state_dir`: the engine's --state-dir (default: a fresh folder, so no test sees another's spent jobs);
-        `port`: to restart an engine where it was."""
+        `port`: to restart an engine where it was; `extra_args`: more `engine serve` flags."""
         self.port = port or free_port()
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="seam-engine-state-"))
         self.url = f"http://127.0.0.1:{self.port}"
@@ -64,6 +64,7 @@ class LiveService:
                    "--port", str(self.port), "--state-dir", str(self.state_dir)]
         if ladder:
             command += ["--ladder", ladder]
+        command += extra_args
         if redis_url:
             command += ["--redis-url", redis_url, "--telemetry-hz", "10", "--telemetry-channel", channel]
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

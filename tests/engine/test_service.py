@@ -75,6 +75,9 @@ class FakeDriver:
     def decode(self, token_ids: list[int]) -> str:
         return bytes(token_ids).decode(errors="replace")
 
+    def max_prompt_chars(self) -> int | None:
+        return self.max_model_len if self.tokenizer else None  # a token per byte: no more characters than tokens
+
     def state(self) -> dict:
         return {"fingerprint": "fp-1", "cut": [2, 2], "shape": {}, "phase": "serving", "ranks": [], "ladder": {}}
 
@@ -120,7 +123,9 @@ def driver() -> FakeDriver:
 
 
 def _client(driver: FakeDriver) -> TestClient:
-    return TestClient(build_app(driver, CREDENTIALS), headers=bearer_token(CREDENTIALS.control_token))
+    # /v1 answers loopback's Host names only (engine/cross_site.py), not TestClient's default "testserver".
+    return TestClient(build_app(driver, CREDENTIALS), base_url="http://localhost",
+                      headers=bearer_token(CREDENTIALS.control_token))
 
 
 @pytest.fixture
@@ -134,7 +139,8 @@ def attested(plan_hash: str) -> dict:
 
 
 def post(client: TestClient, url: str, body, expect: int = 200) -> dict:
-    response = client.post(url, json=body) if not isinstance(body, str | bytes) else client.post(url, content=body)
+    response = client.post(url, json=body) if not isinstance(body, str | bytes) else client.post(
+        url, content=body, headers={"content-type": "application/json"})
     assert response.status_code == expect, response.text
     return response.json()
 

@@ -23,6 +23,7 @@ demo_checkpoint, engine, live_engine = _console.demo_checkpoint, _console.engine
 make_user, operator, reviewer, viewer, handoffs = _console.make_user, _console.operator, _console.reviewer, \
     _console.viewer, _console.handoffs
 post, get, proposed = _console.post, _console.get, _console.proposed
+celery_worker = _console._api._jobs.celery_worker  # the jobs conftest's real Celery worker, as tests/faults takes it
 
 
 # --- a user who logs in, for the login, lockout and token tests -------------------------------------------------
@@ -41,3 +42,16 @@ def no_throttle_history():
     cache.clear()
     yield
     cache.clear()
+
+
+# --- the real engine's HTTP app in-process, for tests that must see inside a request -------------------------------
+@pytest.fixture(scope="session")
+def engine_driver(demo_checkpoint):
+    """The real driver (one CPU rank, the demo checkpoint) for tests that build the HTTP app in-process
+    (engine.service.build_app): they can watch its tokenizer, which an engine in another process would hide."""
+    from engine.driver import PipelineDriver
+    from solvers.rig import load_rig
+
+    driver = PipelineDriver(demo_checkpoint, load_rig("cpu-single"))
+    yield driver
+    driver.shutdown()

@@ -26,6 +26,9 @@ class Job(models.Model):
                                  related_name="proposed_jobs")
     proposer_name = models.CharField(max_length=150, help_text="The proposer's username, frozen.")
     engine_operation_id = models.CharField(max_length=128, blank=True, default="")
+    engine_boot_id = models.CharField(max_length=64, blank=True, default="",
+                                      help_text="The engine's boot id when the worker applied the plan: another one "
+                                                "later means the engine restarted under the job.")
     phase = models.CharField(max_length=32, blank=True, default="", help_text="The engine operation's phase.")
     progress = models.FloatField(default=0.0)
     error = models.TextField(blank=True, default="")

@@ -3,7 +3,8 @@
 The newest observation of an engine is the layout the console knows that engine runs. A job's end adds one
 (cause `job`); the layout watch (console.jobs.layout_watch) adds one when the engine's fingerprint moved, either
 explained by a job that ended since or, when nothing the console did explains it, `unexplained`: audited and shown
-on the dashboard.
+on the dashboard. An engine that restarted under a job's apply and came back on a layout the job did not lead to
+is noted `restarted` at that job's end (with the job, which it does not credit): audited and shown too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class LayoutCause(models.TextChoices):
     FIRST_SEEN = "first_seen", "First seen"
     JOB = "job", "A job of the console"
     UNEXPLAINED = "unexplained", "No job caused it"
+    RESTARTED_MID_APPLY = "restarted", "The engine restarted mid-apply"
 
 
 class LayoutObservationQuerySet(models.QuerySet):

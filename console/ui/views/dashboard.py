@@ -1,11 +1,17 @@
 """Dashboard `/`: the engine's latest telemetry snapshot, updated live over /ws/live/ (static/js/dashboard.js), and
-a warning when the engine's layout changed with no job of the console causing it (console.jobs.layout_watch)."""
+a warning when the engine's layout changed with no job of the console causing it, and one when the engine restarted
+under a job's apply and came back on a layout the job did not lead to (console.jobs.layout_watch)."""
 
 from __future__ import annotations
 
 from django.shortcuts import render
 
-from console.jobs.layout_watch import UNEXPLAINED_CHANGE, recent_unexplained_change
+from console.jobs.layout_watch import (
+    RESTARTED_MID_APPLY,
+    UNEXPLAINED_CHANGE,
+    recent_restart_mid_apply,
+    recent_unexplained_change,
+)
 from console.ui.access import console_page
 from console.ui.telemetry import read_telemetry, summary
 
@@ -18,4 +24,5 @@ def dashboard(request):
         "snapshot": latest, "seq": latest["seq"] if latest else None, "history": telemetry.history,
         "summary": summary(latest) if latest else None, "telemetry_error": telemetry.error,
         "unexplained_change": recent_unexplained_change(), "unexplained_action": UNEXPLAINED_CHANGE,
+        "restart_mid_apply": recent_restart_mid_apply(), "restart_action": RESTARTED_MID_APPLY,
     })

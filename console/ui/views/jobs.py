@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
 from console.jobs.choices import ACTIVE, TERMINAL, JobStatus
-from console.jobs.models import Job
+from console.jobs.models import Approval, Job
 from console.jobs.roles import OPERATOR, has_role
 from console.jobs.services import approvals_counting, required_approvals
 from console.ui.access import console_page, job_actions
@@ -34,8 +34,8 @@ def job_list(request):
 def job_detail(request, job_id: int):
     job = get_object_or_404(Job, pk=job_id)
     now = timezone.now()
-    reviews = [{"approval": approval, "counts": approval.counts_for(job.plan_hash, now)}
-               for approval in job.approvals.all()]
+    counting = set(Approval.objects.counting_for(job, now).values_list("pk", flat=True))
+    reviews = [{"approval": approval, "counts": approval.pk in counting} for approval in job.approvals.all()]
     return render(request, "ui/job_detail.html", {
         "job": job, "actions": job_actions(request.user, job), "reviews": reviews,
         "counting": approvals_counting(job, now), "required": required_approvals(),
