@@ -33,7 +33,14 @@ from engine.config import ModelConfig
 from engine.driver_api import RequestHandle
 from engine.errors import EngineRequestError
 from engine.sampler import SamplingParams
-from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
+from solvers.attestation import (
+    API_KEY_ENV,
+    APPROVAL_KEY_ENV,
+    CONTROL_TOKEN_ENV,
+    AuditHead,
+    bearer_token,
+    sign_attestation,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("seam.multi_gpu")
@@ -221,7 +228,10 @@ def change(engine: HttpEngine, cut: list[int], load: Load | None, budget_s: floa
         out["streaming_at_apply"] = load.streaming(timeout=min(60.0, budget_s / 3))
         out["in_flight_at_apply"] = load.in_flight()
     started = time.perf_counter()
-    attestation = sign_attestation(APPROVAL_KEY, planned["plan_hash"], next(_JOB_IDS), ["multi-gpu-run"], time.time())
+    # A trail of its own: no console signs here, and the engine witnesses each trail apart.
+    head = AuditHead(secrets.token_hex(32), 1, secrets.token_hex(32))
+    attestation = sign_attestation(APPROVAL_KEY, planned["plan_hash"], next(_JOB_IDS), ["multi-gpu-run"], time.time(),
+                                   head)
     applied = client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": planned["plan_hash"],
                                                   "attestation": attestation})
     if applied.status_code != 202:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from engine.driver_api import ApplyRefused
 from engine.errors import EngineError
+from engine.state_files import private_folder, write_json
 from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation
 
 __all__ = ["LEDGER_FILE", "STATE_DIR_ENV", "JobLedger", "default_state_dir"]
@@ -48,7 +48,7 @@ class JobLedger:
         self.path = None if folder is None else Path(folder) / LEDGER_FILE
         self._spent: dict[int, float] = {}
         if self.path is not None:
-            _private_folder(self.path.parent)
+            private_folder(self.path.parent)
             self._spent = _read(self.path)
 
     def __contains__(self, job_id: int) -> bool:
@@ -77,27 +77,7 @@ class JobLedger:
             return
         horizon = time.time() - _KEEP_S
         self._spent = {job: issued for job, issued in self._spent.items() if issued >= horizon}
-        data = json.dumps({"spent_jobs": {str(job): issued for job, issued in sorted(self._spent.items())}})
-        descriptor, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".spent_jobs.")  # created 0600
-        try:
-            with os.fdopen(descriptor, "w") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        folder = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself survives a crash
-        finally:
-            os.close(folder)
-
-
-def _private_folder(folder: Path) -> None:
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
+        write_json(self.path, {"spent_jobs": {str(job): issued for job, issued in sorted(self._spent.items())}})
 
 
 def _read(path: Path) -> dict[int, float]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from engine.access import Credentials, exposure_notices
+from engine.audit_witness import AuditWitness
 from engine.cross_site import AllowedHosts
 from engine.driver import PipelineDriver
 from engine.job_ledger import JobLedger, default_state_dir
@@ -32,8 +33,9 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     body_limit = max_body_bytes()
     state = state_dir or default_state_dir(port)
     jobs = JobLedger(state)  # an unreadable ledger refuses the start, before any rank is spent on it
-    print(f"seam engine: spent-job ledger {jobs.path} (a captured apply never replays, restarts included)",
-          flush=True)
+    witness = AuditWitness(state)  # as the ledger: unreadable refuses the start
+    print(f"seam engine: spent-job ledger {jobs.path} (a captured apply never replays, restarts included); "
+          f"witnessed audit heads {witness.path}", flush=True)
     rungs = [parse_cut(rung) for rung in ladder.split(";")] if ladder else None
     driver = PipelineDriver(checkpoint, load_rig(rig), parse_cut(cut) if cut else None, ladder=rungs)
     publisher = None
@@ -48,7 +50,7 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     try:
         print(f"seam engine: rig {driver.rig.name}, cut {list(driver.cut)}, pool {driver.prediction.pool_tokens} "
               f"tokens, serving on http://{host}:{port}", flush=True)
-        serve(driver, credentials, jobs, host, port, body_limit, AllowedHosts.for_bind(host, allowed_hosts))
+        serve(driver, credentials, jobs, witness, host, port, body_limit, AllowedHosts.for_bind(host, allowed_hosts))
     finally:
         if publisher is not None:
             publisher.stop()

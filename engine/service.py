@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from engine.access import Credentials, Unauthorized, attested, require_api_key, require_control_token
+from engine.audit_witness import AuditWitness
 from engine.cross_site import AllowedHosts, require_json
 from engine.driver_api import ApplyRefused, Driver, RequestHandle
 from engine.errors import EngineError, EngineRequestError
@@ -54,7 +55,7 @@ from solvers.errors import SolverError
 log = logging.getLogger(__name__)
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
-_PLAN_HASH = re.compile(r"[0-9a-fA-F]{64}")
+_HASH = re.compile(r"[0-9a-fA-F]{64}")
 
 Handler = Callable[[Request], Awaitable[Response]]
 Gate = Callable[[Request], None]  # raises Unauthorized when the request may not reach the route
@@ -113,12 +114,13 @@ class _Service:
     """The handlers and their gates, bound to one driver and the engine's credentials."""
 
     def __init__(self, driver: Driver, credentials: Credentials, max_body_bytes: int, jobs: JobLedger,
-                 allowed_hosts: AllowedHosts):
+                 allowed_hosts: AllowedHosts, witness: AuditWitness):
         self.driver = driver
         self.credentials = credentials
         self.max_body_bytes = max_body_bytes
         self.jobs = jobs
         self.allowed_hosts = allowed_hosts
+        self.witness = witness
         # Control and metrics calls get threads of their own: under load generation fills the default pool,
         # and an operator must still be able to see and change the layout.
         self.control_threads = anyio.CapacityLimiter(4)
@@ -239,15 +241,27 @@ class _Service:
             raise ApiError("plan_hash is missing or not a string: send the plan_hash /control/plan returned")
         # The token says who may talk to the engine; the attestation says this very plan passed a review.
         attestation = attested(self.credentials, body.get("attestation"), body["plan_hash"], time.time())
+        # Before the job id is spent: a console whose audit trail went back applies nothing.
+        self.witness.witness(attestation)
         with self.jobs.claim(attestation):
             operation_id = await self._control(self.driver.apply, body["plan"], body["plan_hash"],
                                                attestation.job_id)
         return JSONResponse({"operation_id": operation_id}, status_code=202,
                             headers={"Location": f"/control/operations/{operation_id}"})
 
+    async def audit_head(self, request: Request) -> Response:
+        """The newest audit head witnessed of ?trail= (null when none), or of every trail."""
+        trail = request.query_params.get("trail")
+        if trail is None:
+            return JSONResponse({"trails": self.witness.heads()})
+        if not _HASH.fullmatch(trail):
+            raise ApiError("trail: expected the 64 hex digits of the console's first audit event's hash, as "
+                           "/control/audit-head?trail=<hash>")
+        return JSONResponse({"witnessed": self.witness.head(trail.lower())})
+
     async def find_operations(self, request: Request) -> Response:
         plan_hash = request.query_params.get("plan_hash", "")
-        if not _PLAN_HASH.fullmatch(plan_hash):
+        if not _HASH.fullmatch(plan_hash):
             raise ApiError("plan_hash: expected the 64 hex digits /control/plan returned, as "
                            "/control/operations?plan_hash=<hash>")
         return JSONResponse({"operations": await self._control(self.driver.find_operations, plan_hash)})
@@ -288,12 +302,13 @@ def _open(request: Request) -> None:
 
 
 def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              jobs: JobLedger | None = None, allowed_hosts: AllowedHosts | None = None) -> Starlette:
+              jobs: JobLedger | None = None, allowed_hosts: AllowedHosts | None = None,
+              witness: AuditWitness | None = None) -> Starlette:
     """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one. `jobs`: the
-    spent-job ledger (default: one in memory, for an app built in-process); `allowed_hosts`: the Host names /v1
-    answers to (default: loopback's)."""
+    spent-job ledger and `witness` the witnessed audit heads (default: each in memory, for an app built in-process);
+    `allowed_hosts`: the Host names /v1 answers to (default: loopback's)."""
     service = _Service(driver, credentials, max_body_bytes, jobs if jobs is not None else JobLedger(),
-                       allowed_hosts or AllowedHosts())
+                       allowed_hosts or AllowedHosts(), witness if witness is not None else AuditWitness())
     api, control = service.api_gate, service.control_gate
     routes = [
         ("/v1/completions", service.completions, "POST", api),
@@ -303,6 +318,7 @@ def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DE
         ("/control/plan", service.plan, "POST", control),
         ("/control/apply", service.apply, "POST", control),
         ("/control/operations", service.find_operations, "GET", control),
+        ("/control/audit-head", service.audit_head, "GET", control),
         ("/control/operations/{operation_id}", service.operation, "GET", control),
         ("/metrics", service.metrics, "GET", _open),
         ("/healthz", service.healthz, "GET", _open),
@@ -312,12 +328,14 @@ def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DE
                      exception_handlers={HTTPException: _http_error})
 
 
-def serve(driver: Driver, credentials: Credentials, jobs: JobLedger, host: str = "127.0.0.1", port: int = 8000,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: AllowedHosts | None = None) -> None:
+def serve(driver: Driver, credentials: Credentials, jobs: JobLedger, witness: AuditWitness, host: str = "127.0.0.1",
+          port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          allowed_hosts: AllowedHosts | None = None) -> None:
     """Serve until interrupted, then shut the driver down (its rank processes with it). `allowed_hosts`: default
     loopback's and `host` (AllowedHosts.for_bind)."""
     try:
-        app = build_app(driver, credentials, max_body_bytes, jobs, allowed_hosts or AllowedHosts.for_bind(host))
+        app = build_app(driver, credentials, max_body_bytes, jobs, allowed_hosts or AllowedHosts.for_bind(host),
+                        witness)
         # Open streams would hold a graceful shutdown forever; give them a few seconds to finish.
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     finally:

@@ -41,7 +41,9 @@ from console.api.serializers import (
 from console.audit.anchor import AnchorState
 from console.audit.models import AuditEvent
 from console.audit.services import export_jsonl, verify_chain
+from console.audit.verification import WitnessState
 from console.jobs import services
+from console.jobs.audit_witness import engine_witness
 from console.jobs.choices import JobStatus
 from console.jobs.errors import JobNotFound
 from console.jobs.models import Job
@@ -246,14 +248,20 @@ class AuditViewSet(ApiErrors, mixins.ListModelMixin, viewsets.GenericViewSet):
         "first_broken": serializers.IntegerField(allow_null=True), "reason": serializers.CharField(allow_null=True),
         "anchor": serializers.ChoiceField(choices=[state.value for state in AnchorState]),
         "anchored_seq": serializers.IntegerField(allow_null=True),
-        "anchor_note": serializers.CharField(allow_null=True), "legacy_events": serializers.IntegerField()}))
+        "anchor_note": serializers.CharField(allow_null=True), "legacy_events": serializers.IntegerField(),
+        "witness": serializers.ChoiceField(choices=[state.value for state in WitnessState]),
+        "witnessed_seq": serializers.IntegerField(allow_null=True),
+        "witness_note": serializers.CharField(allow_null=True)}))
     @action(detail=False, methods=["get"])
     def verify(self, request):
-        """The keyed chain walked from the genesis and held against the anchor file (`anchor` says whether it was)."""
-        result = verify_chain()
+        """The keyed chain walked from the genesis, held against the anchor file (`anchor` says whether it was) and
+        against the head the engine witnessed (`witness` says whether it was)."""
+        result = verify_chain(engine_witness)
         return Response({"ok": result.ok, "checked": result.checked, "first_broken": result.first_broken,
                          "reason": result.reason, "anchor": result.anchor.value, "anchored_seq": result.anchored_seq,
-                         "anchor_note": result.anchor_note, "legacy_events": result.legacy_events})
+                         "anchor_note": result.anchor_note, "legacy_events": result.legacy_events,
+                         "witness": result.witness.value, "witnessed_seq": result.witnessed_seq,
+                         "witness_note": result.witness_note})
 
     @extend_schema(parameters=AUDIT_FILTERS, responses={(200, "application/x-ndjson"): OpenApiTypes.STR})
     @action(detail=False, methods=["get"])

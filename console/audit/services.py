@@ -24,10 +24,11 @@ from console.audit.errors import AuditWriteRefused
 from console.audit.models import GENESIS_HASH, AuditChainLock, AuditEvent, ChainScheme
 from console.audit.request_id import current_request_id, is_sane_request_id
 from console.audit.verification import VerifyResult, verify_chain
+from solvers.attestation import AuditHead
 from solvers.errors import SolverError
 from solvers.plans import canonical_json
 
-__all__ = ["SYSTEM_ACTOR", "VerifyResult", "compute_hash", "event_content", "export_jsonl", "record",
+__all__ = ["SYSTEM_ACTOR", "VerifyResult", "audit_head", "compute_hash", "event_content", "export_jsonl", "record",
            "verify_chain"]
 
 SYSTEM_ACTOR = "system"
@@ -122,6 +123,18 @@ def _as_stored(using: str, **values: Any) -> list[Any]:
             cursor.execute("SELECT %s::jsonb::text", [text])
             text = cursor.fetchone()[0]
     return json.loads(text)
+
+
+# --- head --------------------------------------------------------------------------------------
+
+def audit_head() -> AuditHead:
+    """The trail's newest event as witnesses outside the database keep it (the engine, through each attestation;
+    webhook receivers): `trail` is the first event's hash, naming this database's trail."""
+    events = AuditEvent.objects.order_by("seq").only("seq", "hash")
+    first, newest = events.first(), events.last()
+    if newest is None:
+        return AuditHead(GENESIS_HASH, 0, GENESIS_HASH)
+    return AuditHead(first.hash, newest.seq, newest.hash)
 
 
 # --- export ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.audit.services import record
+from console.audit.services import audit_head, record
 from console.jobs.models import Approval, Job
 from console.jobs.roles import REVIEWER
 from console.jobs.services import required_approvals
@@ -85,10 +85,11 @@ def _short(job: Job, counting: int, required: int, set_aside: list[dict]) -> str
 
 
 def attest(job: Job) -> dict:
-    """The signed `{job_id, approvers, issued_at, signature}` for the job's plan; CannotAttest saying why not."""
+    """The signed `{job_id, approvers, issued_at, audit_head, signature}` for the job's plan, carrying the audit
+    trail's head so that the engine witnesses it (engine/audit_witness.py); CannotAttest saying why not."""
     key = settings.SEAM_APPROVAL_KEY
     if not key:
         raise CannotAttest(f"this console holds no approval key ({APPROVAL_KEY_ENV} is not set), so it cannot attest "
                            f"the review of job {job.pk} and the engine would refuse the plan; nothing was applied")
     approvers = approvers_of(job)
-    return sign_attestation(key, job.plan_hash, job.pk, approvers, time.time())
+    return sign_attestation(key, job.plan_hash, job.pk, approvers, time.time(), audit_head())

@@ -6,6 +6,7 @@
                                                               refused | 409 stale, busy or job id used | 422 | 400
     GET  /control/operations?plan_hash=     -> [Operation]    the operations started for one plan
     GET  /control/operations/{id}           -> Operation
+    GET  /control/audit-head?trail=         -> the audit head the engine witnessed of one trail, or None
 
 Every call carries the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`, solvers/attestation.py); an
 engine answers 401 without it. An apply also carries the job's approval attestation (console.jobs.attestation).
@@ -133,6 +134,15 @@ class EngineClient:
 
     def operation(self, operation_id: str) -> Operation:
         return self._call("GET", f"/control/operations/{operation_id}")
+
+    def audit_head(self, trail: str) -> dict[str, Any] | None:
+        """The newest audit head of `trail` the engine's attestations carried (engine/audit_witness.py), or None."""
+        reply = self._call("GET", "/control/audit-head", params={"trail": trail})
+        head = reply.get("witnessed")
+        if head is not None and not (isinstance(head, dict) and type(head.get("seq")) is int
+                                     and isinstance(head.get("hash"), str)):
+            raise EngineError(f"the engine's witnessed audit head is not {{seq, hash, ...}}: {reply!r:.200}")
+        return head
 
     # --- plumbing --------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> Any:

@@ -14,6 +14,9 @@ with `X-Seam-Signature: sha256=<hex HMAC-SHA256 of the exact body under SEAM_WEB
 apply and came back on a layout the job did not lead to (console.jobs.layout_watch), `announce_restart_mid_apply`
 sends `{"event": "engine.restarted_mid_apply", ..., "job": {...}, "engine": {url, before, after, boot_id_before,
 boot_id_after}}`.
+Every payload also carries `"audit_head": {trail, seq, hash}`, the audit trail's newest event when it was sent, so a
+receiver witnesses the trail too: a later payload with a lower seq of the same trail means the console's database
+went back (docs/console.md, "Trust model").
 The body is made and signed once, where the change was made, so every retry sends the same bytes. A failed POST
 (no answer, 5xx, 408, 425, 429) is tried again after SEAM_WEBHOOK_BACKOFF_S, doubling, at most SEAM_WEBHOOK_RETRIES
 times; the last failure is logged. Nothing here can block or fail the change: it has committed already, and every
@@ -36,6 +39,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from console.audit.services import audit_head
 from console.jobs.models import Job
 from solvers.verdict import SpeedCheck
 
@@ -119,9 +123,10 @@ def _send(job: Job, event: str, body_of: Callable[[str], dict], what: str) -> No
             log.error("SEAM_WEBHOOK_URLS is set but SEAM_WEBHOOK_KEY is not: job %s's %s is not sent "
                       "(receivers could not verify it)", job.pk, what)
             return
+        head = audit_head().to_dict()  # the change's own event has committed: the head includes it
         for url in _urls():
             delivery = str(uuid.uuid4())
-            body = json.dumps(body_of(delivery), sort_keys=True, separators=(",", ":"))
+            body = json.dumps({**body_of(delivery), "audit_head": head}, sort_keys=True, separators=(",", ":"))
             deliver.apply_async(args=(url, body, sign(body.encode(), key), delivery, event))
     except Exception:  # the change has committed; a lost webhook must not undo or fail it
         log.exception("could not send the webhooks of job %s's %s", job.pk, what)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -19,12 +20,25 @@ from pathlib import Path
 
 import httpx
 
-from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
+from solvers.attestation import (
+    API_KEY_ENV,
+    APPROVAL_KEY_ENV,
+    CONTROL_TOKEN_ENV,
+    AuditHead,
+    bearer_token,
+    sign_attestation,
+)
 
 # Far above the ids of the console's jobs, so a test's direct apply never collides with a job a console runs on the
 # same engine (the engine refuses a job id twice).
 _JOB_IDS = itertools.count(10**9)
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def lone_head() -> AuditHead:
+    """The audit head of a trail of its own, for an attestation no console signed: the engine witnesses each trail
+    apart, so no other test's trail ever meets it."""
+    return AuditHead(secrets.token_hex(32), 1, secrets.token_hex(32))
 
 
 def free_port() -> int:
@@ -97,10 +111,11 @@ class LiveService:
     def api_headers(self) -> dict[str, str]:
         return bearer_token(self.api_key) if self.api_key else {}
 
-    def attest(self, plan_hash: str, job_id: int | None = None) -> dict:
-        """An attestation as the console signs it, with the approval key this engine was given and a fresh job id."""
+    def attest(self, plan_hash: str, job_id: int | None = None, audit_head: AuditHead | None = None) -> dict:
+        """An attestation as the console signs it, with the approval key this engine was given, a fresh job id and
+        (unless given) a trail of its own."""
         return sign_attestation(self.approval_key or "", plan_hash, next(_JOB_IDS) if job_id is None else job_id,
-                                ["live-service-reviewer"], time.time())
+                                ["live-service-reviewer"], time.time(), audit_head or lone_head())
 
     def apply(self, planned: dict, attestation: dict | None = None) -> httpx.Response:
         """POST /control/apply with `attestation`, by default a fresh valid one for the plan."""

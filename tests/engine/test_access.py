@@ -11,17 +11,18 @@ import pytest
 
 from engine.access import Credentials, attested
 from engine.driver_api import ApplyRefused
-from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, sign_attestation
+from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, AuditHead, sign_attestation
 
 KEY = "approval-key-for-tests"
 CREDENTIALS = Credentials(control_token="control", approval_key=KEY)
 PLAN_HASH = "ab" * 32
 NOW = 1_700_000_000.0
+HEAD = AuditHead("1a" * 32, 7, "2b" * 32)
 
 
 def signed(plan_hash: str = PLAN_HASH, job_id: int = 42, approvers=("rita",), issued_at: float = NOW,
            key: str = KEY) -> dict:
-    return sign_attestation(key, plan_hash, job_id, list(approvers), issued_at)
+    return sign_attestation(key, plan_hash, job_id, list(approvers), issued_at, HEAD)
 
 
 def refusal(attestation, plan_hash: str = PLAN_HASH, now: float = NOW,
@@ -36,7 +37,7 @@ def refusal(attestation, plan_hash: str = PLAN_HASH, now: float = NOW,
 
 def test_a_valid_attestation_names_its_job_and_approvers():
     assert attested(CREDENTIALS, signed(approvers=("rita", "ahmed")), PLAN_HASH, NOW + 60) == \
-        Attestation(42, ("ahmed", "rita"), NOW)
+        Attestation(42, ("ahmed", "rita"), NOW, HEAD)
 
 
 @pytest.mark.parametrize(("attestation", "plan_hash", "message"), [

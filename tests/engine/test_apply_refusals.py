@@ -12,6 +12,7 @@ import itertools
 import time
 
 import pytest
+from live_service import lone_head
 from starlette.testclient import TestClient
 
 from engine.access import Credentials
@@ -49,7 +50,8 @@ def plan(client: TestClient, target: dict) -> dict:
 
 def apply(client: TestClient, planned: dict, plan_hash: str | None = None):
     plan_hash = plan_hash or planned["plan_hash"]
-    attestation = sign_attestation(CREDENTIALS.approval_key, plan_hash, next(JOB_IDS), ["rita"], time.time())
+    attestation = sign_attestation(CREDENTIALS.approval_key, plan_hash, next(JOB_IDS), ["rita"], time.time(),
+                                   lone_head())
     return client.post("/control/apply", json={"plan": planned["plan"], "plan_hash": plan_hash,
                                                "attestation": attestation})
 

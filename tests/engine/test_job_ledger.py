@@ -11,11 +11,12 @@ import pytest
 from engine.driver_api import ApplyRefused
 from engine.errors import EngineError
 from engine.job_ledger import LEDGER_FILE, JobLedger
-from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation
+from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, AuditHead
 
 
 def attestation(job_id: int, issued_at: float | None = None) -> Attestation:
-    return Attestation(job_id, ("rita",), time.time() if issued_at is None else issued_at)
+    return Attestation(job_id, ("rita",), time.time() if issued_at is None else issued_at,
+                       AuditHead("1a" * 32, 1, "2b" * 32))
 
 
 def test_a_failure_other_than_a_refusal_keeps_the_job_id_spent(tmp_path):

@@ -20,6 +20,7 @@ import time
 import types
 
 import pytest
+from live_service import lone_head
 from starlette.testclient import TestClient
 
 from engine.access import Credentials
@@ -133,7 +134,8 @@ def client(driver: FakeDriver) -> TestClient:
 
 
 def attested(plan_hash: str) -> dict:
-    return sign_attestation(CREDENTIALS.approval_key, plan_hash, next(JOB_IDS), ["reviewer"], time.time())
+    return sign_attestation(CREDENTIALS.approval_key, plan_hash, next(JOB_IDS), ["reviewer"], time.time(),
+                            lone_head())
 
 
 def post(client: TestClient, url: str, body, expect: int = 200) -> dict:
@@ -371,9 +373,10 @@ def test_apply_on_an_engine_without_an_approval_key_is_403(driver):
 def test_a_job_whose_apply_the_driver_refused_may_apply_again(client):
     planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
     job_id = next(JOB_IDS)
-    tampered = sign_attestation(CREDENTIALS.approval_key, "0" * 64, job_id, ["reviewer"], time.time())
+    tampered = sign_attestation(CREDENTIALS.approval_key, "0" * 64, job_id, ["reviewer"], time.time(), lone_head())
     post(client, "/control/apply", {"plan": planned["plan"], "plan_hash": "0" * 64, "attestation": tampered}, 400)
-    valid = sign_attestation(CREDENTIALS.approval_key, planned["plan_hash"], job_id, ["reviewer"], time.time())
+    valid = sign_attestation(CREDENTIALS.approval_key, planned["plan_hash"], job_id, ["reviewer"], time.time(),
+                             lone_head())
     post(client, "/control/apply", {"plan": planned["plan"], "plan_hash": planned["plan_hash"], "attestation": valid},
          202)  # nothing started the first time, so the job id is still unspent
 

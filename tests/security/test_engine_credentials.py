@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from live_service import ROOT, LiveService, free_port
+from live_service import ROOT, LiveService, free_port, lone_head
 
 from engine.access import Credentials, exposure_notices
 from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
@@ -88,11 +88,12 @@ def test_apply_without_an_attestation_is_403_and_changes_nothing(guarded):
 def _forged(guarded: LiveService, planned: dict, how: str) -> dict:
     now = time.time()
     if how == "another key":
-        return sign_attestation("not-the-console's-key", planned["plan_hash"], 7, ["alice"], now)
+        return sign_attestation("not-the-console's-key", planned["plan_hash"], 7, ["alice"], now, lone_head())
     if how == "another plan":
         return guarded.attest(_plan(guarded, 5)["plan_hash"])
     if how == "expired":
-        return sign_attestation(guarded.approval_key, planned["plan_hash"], 7, ["alice"], now - 3 * 86400)
+        return sign_attestation(guarded.approval_key, planned["plan_hash"], 7, ["alice"], now - 3 * 86400,
+                                lone_head())
     attestation = guarded.attest(planned["plan_hash"])
     return attestation | {"approvers": ["mallory"]}  # "approvers changed": the signature no longer covers them
 

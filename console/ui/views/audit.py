@@ -1,4 +1,5 @@
-"""Audit `/audit/`: the trail newest first, filtered and paginated; chain and anchor verification; JSON-lines export."""
+"""Audit `/audit/`: the trail newest first, filtered and paginated; chain, anchor and witness verification; JSON-lines
+export."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.shortcuts import render
 
 from console.audit.models import AuditEvent
 from console.audit.services import export_jsonl, verify_chain
+from console.jobs.audit_witness import engine_witness
 from console.ui.access import console_page
 from console.ui.forms import AuditFilterForm
 
@@ -17,7 +19,7 @@ PAGE_SIZE = 50
 @console_page
 def audit(request):
     form = AuditFilterForm(request.GET)
-    verified = verify_chain() if request.GET.get("verify") else None
+    verified = verify_chain(engine_witness) if request.GET.get("verify") else None
     if not form.is_valid():
         return render(request, "ui/audit.html", {"form": form, "page": None, "verified": verified}, status=400)
     events = form.filter(AuditEvent.objects.order_by("-seq"))

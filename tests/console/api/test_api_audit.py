@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from live_service import free_port
 
 from console.audit.services import record
 
@@ -28,10 +29,14 @@ def test_list_filters(events, get, operator, params, seqs):
     assert [row["seq"] for row in get("/api/v1/audit/", params, user=operator)["results"]] == seqs
 
 
-def test_verify(events, get, operator):
-    assert get("/api/v1/audit/verify/", user=operator) == {"ok": True, "checked": 3, "first_broken": None,
-                                                          "reason": None, "anchor": "anchored", "anchored_seq": 3,
-                                                          "anchor_note": None, "legacy_events": 0}
+def test_verify(events, get, operator, settings):
+    settings.ENGINE_URL = f"http://127.0.0.1:{free_port()}"  # the engine is down: the witness cannot be read
+    verified = get("/api/v1/audit/verify/", user=operator)
+    note = verified.pop("witness_note")
+    assert verified == {"ok": True, "checked": 3, "first_broken": None, "reason": None, "anchor": "anchored",
+                        "anchored_seq": 3, "anchor_note": None, "legacy_events": 0, "witness": "unreachable",
+                        "witnessed_seq": None}
+    assert note.startswith("the engine's witnessed head could not be read (engine unreachable at ")
 
 
 def test_export_is_ndjson_in_seq_order(events, get, operator):

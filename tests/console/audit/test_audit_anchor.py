@@ -45,8 +45,9 @@ def test_a_failed_anchor_write_is_logged_not_raised(make_events, settings, tmp_p
         make_events(1)
     assert AuditEvent.objects.count() == 1  # the committed event stays
     assert "audit anchor NOT written: event #1 is committed" in caplog.text
-    result = verify_chain()
-    assert (result.ok, result.anchor, result.anchored_seq) == (True, AnchorState.UNREADABLE, None)
+    result = verify_chain()  # the keyed event is unanchored, which verify reports (issue 30, item 3)
+    assert (result.ok, result.anchor, result.anchored_seq) == (False, AnchorState.UNREADABLE, None)
+    assert result.reason.startswith("the chain holds keyed events but the anchor file")
 
 
 def test_events_past_the_newest_anchor_still_verify(make_events):
@@ -62,14 +63,16 @@ def test_events_past_the_newest_anchor_still_verify(make_events):
     (lambda path: path.write_text(""), AnchorState.MISSING, "is empty"),
     (lambda path: path.mkdir(), AnchorState.UNREADABLE, "cannot be read"),
 ])
-def test_a_missing_or_unreadable_anchor_is_a_visible_state(make_events, anchor_file, setup, state, note):
+def test_a_missing_or_unreadable_anchor_fails_verify(make_events, anchor_file, setup, state, note):
+    """Pins verification._unsound_anchor: a keyed chain without its anchor file is an error, not a notice (issue 30,
+    item 3); it passed as ok before."""
     make_events(2)
     anchor_file.unlink()
     setup(anchor_file)
     result = verify_chain()
-    assert (result.ok, result.checked, result.anchor, result.anchored_seq) == (True, 2, state, None)
-    assert note in result.anchor_note
-    assert str(result).startswith(f"ok: 2 events; NOT anchored ({state}): ")
+    assert (result.ok, result.checked, result.anchor, result.anchored_seq) == (False, 2, state, None)
+    assert note in result.anchor_note and note in result.reason
+    assert str(result).startswith("broken after 2 good events: the chain holds keyed events but ")
 
 
 @pytest.mark.parametrize("line", [
@@ -98,8 +101,8 @@ def test_the_file_rotates_and_keeps_naming_the_head(make_events, anchor_file, mo
     monkeypatch.setattr(anchor, "ROTATE_BYTES", 2 * anchor_file.stat().st_size)  # two lines per file
     make_events(4)
     rotated = anchor_file.with_name(anchor_file.name + ".1")
-    assert [line["seq"] for line in _lines(rotated)] == [3, 4]
-    assert [line["seq"] for line in _lines(anchor_file)] == [5]
+    assert [(line.get("opened"), line["seq"]) for line in _lines(rotated)] == [("rotation", 3), (None, 3), (None, 4)]
+    assert [(line.get("opened"), line["seq"]) for line in _lines(anchor_file)] == [("rotation", 5), (None, 5)]
     result = verify_chain()
     assert (result.ok, result.anchored_seq) == (True, 5)
 

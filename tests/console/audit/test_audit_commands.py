@@ -1,8 +1,10 @@
-"""verify_audit (exit 0 / 1 naming the first broken link / 2 when not anchored), export_audit and export_jsonl."""
+"""verify_audit (exit 0 / 1 naming the first broken link / 2 when not anchored or the engine cannot be asked),
+export_audit and export_jsonl. Exit 0 with the engine reachable: tests/security/test_audit_attackers.py."""
 
 from __future__ import annotations
 
 import json
+import socket
 from io import StringIO
 
 import pytest
@@ -36,17 +38,31 @@ def _exit_code(capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_verify_audit_exits_0_when_intact(make_events, capsys):
+@pytest.fixture
+def no_engine(settings):
+    """The console's engine is down: nothing listens at ENGINE_URL (a port just freed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings.ENGINE_URL = f"http://127.0.0.1:{port}"
+
+
+def test_verify_audit_exits_2_when_intact_but_the_engine_cannot_be_asked(make_events, no_engine, capsys):
+    """Pins the command's witness check: an engine that cannot be reached is said, not read as fine (issue 30,
+    item 3)."""
     make_events(3)
-    assert _exit_code(capsys) == (0, "ok: 3 events; anchored at event #3\n", "")
+    code, out, err = _exit_code(capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith("CommandError: ok: 3 events; anchored at event #3; NOT witnessed (unreachable): the "
+                          "engine's witnessed head could not be read (engine unreachable at")
 
 
-def test_verify_audit_exits_2_when_the_chain_holds_but_is_not_anchored(make_events, anchor_file, capsys):
+def test_verify_audit_exits_1_when_the_chain_holds_but_is_not_anchored(make_events, anchor_file, capsys):
     make_events(3)
     anchor_file.unlink()
     code, out, err = _exit_code(capsys)
-    assert (code, out) == (2, "")
-    assert "ok: 3 events; NOT anchored (missing): there is no anchor file" in err
+    assert (code, out) == (1, "")
+    assert "broken after 3 good events: the chain holds keyed events but there is no anchor file" in err
 
 
 def test_verify_audit_exits_0_on_an_empty_trail_with_nothing_to_anchor(capsys):

@@ -40,7 +40,9 @@ def test_a_trail_without_its_anchor_file_is_flagged(make_events, anchor_file, pa
     make_events(3)
     anchor_file.unlink()
     shown = page()
-    assert shown["verify-result"] == ("notice", "ok: 3 events")
+    assert shown["verify-result"][0] == "notice error"
+    assert shown["verify-result"][1].startswith("broken after 3 good events: the chain holds keyed events but there is "
+                                                "no anchor file at ")
     css, text = shown["verify-anchor"]
     assert css == "notice warn" and text.startswith("NOT anchored (missing): there is no anchor file at ")
 

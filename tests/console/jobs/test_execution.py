@@ -102,6 +102,9 @@ def test_the_plan_is_applied_with_an_attestation_of_its_review(live_engine, queu
     attested = verify_attestation(settings.SEAM_APPROVAL_KEY, sent["attestation"], job.plan_hash, time.time())
     assert (attested.job_id, attested.approvers) == (job.pk, ("rita",))
     assert time.time() - attested.issued_at < 60  # signed for this run, not earlier
+    head = attested.audit_head  # the trail's newest event when the worker signed, for the engine to witness
+    assert head.trail == AuditEvent.objects.get(seq=1).hash
+    assert AuditEvent.objects.get(seq=head.seq).hash == head.hash and head.seq >= 4  # proposed .. queued at least
 
 
 def test_without_the_approval_key_nothing_is_applied(live_engine, queued_job, settings):

@@ -16,14 +16,15 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def events(make_user):
-    """Five events by two actors on two subjects."""
+def events(make_user, django_capture_on_commit_callbacks):
+    """Five events by two actors on two subjects, committed (so anchored)."""
     alice, bob = make_user("operator", name="alice"), make_user("reviewer", name="bob")
     made = []
-    for actor, action, subject in [(alice, "job.proposed", "job:1"), (bob, "job.approval", "job:1"),
-                                   (alice, "job.proposed", "job:2"), (None, "job.running", "job:1"),
-                                   (bob, "job.rejected", "job:2")]:
-        made.append(record(actor=actor, action=action, subject=subject, payload={"n": len(made)}))
+    with django_capture_on_commit_callbacks(execute=True):
+        for actor, action, subject in [(alice, "job.proposed", "job:1"), (bob, "job.approval", "job:1"),
+                                       (alice, "job.proposed", "job:2"), (None, "job.running", "job:1"),
+                                       (bob, "job.rejected", "job:2")]:
+            made.append(record(actor=actor, action=action, subject=subject, payload={"n": len(made)}))
     return made
 
 

@@ -1,0 +1,21 @@
+"""The engine as the audit trail's witness: verify holds the chain against the newest head the engine kept from the
+attestations it accepted (engine/audit_witness.py), which the console's database writer cannot rewrite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from console.audit.verification import WitnessUnavailable
+from console.jobs.engine_client import EngineClient, EngineError
+
+__all__ = ["engine_witness"]
+
+
+def engine_witness(trail: str) -> dict[str, Any] | None:
+    """The engine's witnessed head of `trail` (None when it has none); WitnessUnavailable saying why it could not be
+    asked (unreachable, refused, or an answer that makes no sense)."""
+    try:
+        with EngineClient() as client:
+            return client.audit_head(trail)
+    except EngineError as error:
+        raise WitnessUnavailable(str(error)) from None
