@@ -143,6 +143,7 @@ def _stale(fingerprint: str, job: Job) -> str:
 def _apply(job: Job, engine: EngineClient, attestation: dict) -> tuple[str, str | None]:
     """POST /control/apply, waiting out a busy engine for a while; returns (operation id, None) or ("", ending)."""
     deadline = time.monotonic() + _setting("SEAM_JOB_BUSY_WAIT_S", BUSY_WAIT_S)
+    refused_while_serving = 0
     while True:
         try:
             return engine.apply(job.plan, job.plan_hash, attestation), None
@@ -154,12 +155,18 @@ def _apply(job: Job, engine: EngineClient, attestation: dict) -> tuple[str, str 
             if error.status != 409:
                 what = "as infeasible" if error.status == 422 else f"({error.status})"
                 return "", _end(job, JobStatus.FAILED, f"the engine refused the plan {what}: {error.message}")
-            try:  # 409: stale (the layout moved since the check above) or busy with another operation
-                fingerprint = engine.state()["fingerprint"]
+            try:  # 409: stale (the layout moved since the check above), busy with another operation, or refused
+                state = engine.state()
             except EngineError as lost:
                 return "", _end(job, JobStatus.FAILED, f"{lost}; nothing was applied")
-            if fingerprint != job.incumbent_fingerprint:
-                return "", _end(job, JobStatus.STALE, _stale(fingerprint, job))
+            if state["fingerprint"] != job.incumbent_fingerprint:
+                return "", _end(job, JobStatus.STALE, _stale(state["fingerprint"], job))
+            # Twice refused while the engine runs no operation (once could be one that just ended): not busy but a
+            # refusal waiting cannot change (a spent job id, a rolled-back audit trail), so fail now, saying it.
+            refused_while_serving = refused_while_serving + 1 if state["phase"] == "serving" else 0
+            if refused_while_serving >= 2:
+                return "", _end(job, JobStatus.FAILED, f"the engine refused the plan (409): {error.message}; "
+                                                       "nothing was applied")
             if time.monotonic() >= deadline:
                 return "", _end(job, JobStatus.FAILED, f"the engine stayed busy: {error.message}")
             services.report_progress(job, phase="waiting", progress=0.0)

@@ -170,6 +170,28 @@ def test_database_and_anchor_writers_together_are_caught_by_the_engine(run_job, 
     assert live_engine.state()["fingerprint"] == before
 
 
+@pytest.mark.slow
+def test_the_restored_consoles_worker_fails_the_job_naming_the_rollback(run_job, live_engine, operator, reviewer,
+                                                                         settings):
+    """Pins the worker's rule for a 409 from an engine that runs no operation (console/jobs/worker.py `_apply`): a
+    refusal that waiting cannot change ends the job at once with the engine's reason. Without it the worker waited
+    out SEAM_JOB_BUSY_WAIT_S and failed the job as 'the engine stayed busy'."""
+    settings.SEAM_JOB_BUSY_WAIT_S = 3.0  # without the rule the job fails once this runs out, with the wrong reason
+    fill(10)
+    run_job()
+    head = witnessed()
+    restore_older_copy(5)
+    cut_anchor_to(5)
+    job = approved_job(live_engine, operator, reviewer)
+    before = live_engine.state()["fingerprint"]
+    assert worker.execute(job.pk) == "failed"
+    job.refresh_from_db()
+    assert job.error.startswith("the engine refused the plan (409): apply refused: the console's audit trail went "
+                                f"back from #{head['seq']} to #"), job.error
+    assert "stayed busy" not in job.error and job.error.endswith("nothing was applied")
+    assert live_engine.state()["fingerprint"] == before
+
+
 # --- the holder of SEAM_AUDIT_KEY, with the database and the anchor file ----------------------------------------
 
 @pytest.mark.slow
