@@ -18,7 +18,9 @@ from console.jobs.refusals import refuse_verb
 from console.ui.access import console_page
 
 
-def _act(request, job_id: int, doing, done: str):
+def _act(request, job_id: int, doing, done: str, follow: bool = False):
+    """Run `doing`, say `done` (formatted with the job it returns and `job_id`) or why not, and go back to the job's
+    page, or on to the returned job's page when `follow` (a verb that makes a new job)."""
     try:
         job = doing()
     except NotAllowed:
@@ -28,7 +30,9 @@ def _act(request, job_id: int, doing, done: str):
     except JobError as error:
         messages.error(request, str(error))
     else:
-        messages.success(request, done.format(job=job))
+        messages.success(request, done.format(job=job, job_id=job_id))
+        if follow:
+            return redirect("job", job_id=job.pk)
     return redirect("job", job_id=job_id)
 
 
@@ -65,14 +69,6 @@ def cancel(request, job_id: int):
 @console_page
 def revert(request, job_id: int):
     """Propose a revert of a job that missed its prediction; the new job's page follows, awaiting review."""
-    try:
-        job = services.propose_revert(request.user, job_id, request_id=getattr(request, "request_id", None))
-    except NotAllowed:
-        raise
-    except JobNotFound as error:
-        raise Http404(str(error)) from error
-    except JobError as error:
-        messages.error(request, str(error))
-        return redirect("job", job_id=job_id)
-    messages.success(request, f"You proposed job {job.pk} to revert job {job_id}; it awaits review.")
-    return redirect("job", job_id=job.pk)
+    return _act(request, job_id,
+                lambda: services.propose_revert(request.user, job_id, request_id=getattr(request, "request_id", None)),
+                "You proposed job {job.pk} to revert job {job_id}; it awaits review.", follow=True)
