@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,8 +66,11 @@ class Service:
         env = {**os.environ, CONTROL_TOKEN_ENV: CONTROL_TOKEN, APPROVAL_KEY_ENV: APPROVAL_KEY}
         env.pop("REDIS_URL", None)  # no telemetry publishing: nothing here listens
         env.pop(API_KEY_ENV, None)  # the engine listens on loopback, for this run's own requests only
+        # A state folder of its own: this run's job ids start at 1, and a port an earlier run used keeps that run's
+        # spent ids in the default folder for a day (engine/job_ledger.py).
+        state_dir = tempfile.mkdtemp(prefix=f"seam-bench-{label}-")
         command = [sys.executable, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", rig,
-                   "--cut", ",".join(map(str, cut)), "--port", str(self.port)]
+                   "--cut", ",".join(map(str, cut)), "--port", str(self.port), "--state-dir", state_dir]
         self.command = " ".join(command)
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
