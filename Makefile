@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml | $(PY)
 RUN_FLAGS = $(if $(LADDER),--ladder='$(LADDER)') \
 	$(if $(filter 0 no off false,$(TRAFFIC)),--no-demo-traffic,$(if $(TRAFFIC),--demo-traffic))
 run: $(STAMP)
-	$(PY) -m console.run $(RUN_FLAGS)
+	$(PY) -m launch $(RUN_FLAGS)
 
 $(CHROMIUM):
 	$(APT_INSTALL) || ($(SUDO) apt-get update && $(APT_INSTALL))

@@ -36,7 +36,7 @@ import websockets
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.telemetry import TelemetryPublisher  # noqa: E402
+from engine.telemetry.publisher import TelemetryPublisher  # noqa: E402
 
 RANKS = 8
 API_PATHS = {"jobs list": "/api/v1/jobs/", "audit list": "/api/v1/audit/",

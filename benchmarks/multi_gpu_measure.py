@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.multi_gpu_service import HttpEngine
-from engine.sampler import SamplingParams
+from engine.runtime.sampler import SamplingParams
 from solvers.timing import calibrate
 
 ANSWER_S = 300.0

@@ -31,9 +31,9 @@ import psutil
 
 from benchmarks.rig_load import Load
 from engine.config import ModelConfig
-from engine.driver_api import RequestHandle
+from engine.control.protocol import RequestHandle
 from engine.errors import EngineRequestError
-from engine.sampler import SamplingParams
+from engine.runtime.sampler import SamplingParams
 from solvers.attestation import (
     API_KEY_ENV,
     APPROVAL_KEY_ENV,
@@ -67,7 +67,7 @@ class Service:
         env.pop("REDIS_URL", None)  # no telemetry publishing: nothing here listens
         env.pop(API_KEY_ENV, None)  # the engine listens on loopback, for this run's own requests only
         # A state folder of its own: this run's job ids start at 1, and a port an earlier run used keeps that run's
-        # spent ids in the default folder for a day (engine/job_ledger.py).
+        # spent ids in the default folder for a day (engine/control/job_ledger.py).
         state_dir = tempfile.mkdtemp(prefix=f"seam-bench-{label}-")
         command = [sys.executable, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", rig,
                    "--cut", ",".join(map(str, cut)), "--port", str(self.port), "--state-dir", state_dir]

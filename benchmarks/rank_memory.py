@@ -3,10 +3,11 @@
     python3 benchmarks/rank_memory.py --out $OUT                  # rank 1 of reference-h200, 4 builds (~100 s)
 
 The slack of a rank (memory it maps that no tensor uses) is what the planner does not price. Weights and pools live
-in the rank's slab (engine/slab.py), packed to the granule; what torch's allocator holds beside them (activations,
+in the rank's slab (engine/memory/slab.py), packed to the granule; what torch's allocator holds beside them
+(activations,
 graphs, cuBLAS's workspaces) it maps in 20 MiB chunks (expandable segments) and gives back only whole, so a small
 tensor that stays can pin part of a chunk. This records, after each build, what the slab maps beyond its packing,
-the allocator's pools (engine/device_memory.py) and every free block beside a live one, with the Python frames that
+the allocator's pools (engine/memory/device.py) and every free block beside a live one, with the Python frames that
 allocated the live one (torch's memory history). Everything goes to <out>/rank_memory.json.
 """
 
@@ -26,9 +27,9 @@ import torch  # noqa: E402
 
 from benchmarks.rig_h200 import write_config  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
-from engine.device_memory import cap_cuda_memory, prefer_expandable_segments, reserve_blas_workspaces  # noqa: E402
-from engine.host_image import HostImage  # noqa: E402
-from engine.rank import RankLayout, RankWorker  # noqa: E402
+from engine.memory.device import cap_cuda_memory, prefer_expandable_segments, reserve_blas_workspaces  # noqa: E402
+from engine.memory.host_image import HostImage  # noqa: E402
+from engine.ranks.rank import RankLayout, RankWorker  # noqa: E402
 from solvers.capacity import CutPricer  # noqa: E402
 from solvers.rig import load_rig  # noqa: E402
 
@@ -37,7 +38,7 @@ OWN_CODE = ("/engine/", "/benchmarks/", "/fla/")  # the frames worth naming
 
 
 def layout(config: ModelConfig, rig, cut: tuple[int, ...], rank: int) -> RankLayout:
-    """The rank's layout as the driver would make it (engine/driver.py, layouts)."""
+    """The rank's layout as the driver would make it (engine/control/driver.py, layouts)."""
     prediction = CutPricer(config.census, rig, rig.shape).price(cut)
     row, shape = prediction.ranks[rank], rig.shape
     return RankLayout(cut, prediction.pool_tokens, shape.block_size, shape.max_num_seqs,

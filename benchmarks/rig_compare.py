@@ -82,7 +82,7 @@ def measured_pool(measured: list[dict]) -> int | None:
 
 def cuda_terms(budget: int, got: dict, probe: dict | None) -> dict:
     """The real figures, term by term: allocator rounding, allocator slack, CUDA context, what is really free."""
-    # The rank's slab (weights and pools, engine/slab.py) is mapped outside torch's allocator: counted in both.
+    # The rank's slab (weights and pools, engine/memory/slab.py) is mapped outside torch's allocator: counted in both.
     slab = got.get("slab_mapped_bytes", 0)
     allocated, reserved = got["device_allocated_bytes"] + slab, got["device_reserved_bytes"] + slab
     process = got.get("process_used_bytes")
@@ -104,7 +104,7 @@ def cuda_terms(budget: int, got: dict, probe: dict | None) -> dict:
 
 def transition(census: ModelCensus, before: PoolResult, after: PoolResult) -> list[dict]:
     """Per rank, the most a rebuild holds at once, against what the rank can allocate. A rebuild lets go of the pools
-    and the layers the new layout does not keep before anything arrives (engine/rank.py), so it holds at most the
+    and the layers the new layout does not keep before anything arrives (engine/ranks/rank.py), so it holds at most the
     larger of its two layouts. Keeping the old pools beside the new, with the gained layers loaded first (how the
     H200 rig ran out of memory on 2026-12-02), would hold `peak_holding_both`."""
     rows = []

@@ -13,12 +13,12 @@ import torch
 from benchmarks.rig_compare import compare, transition
 from benchmarks.rig_load import Load
 from engine.config import ModelConfig
-from engine.device_memory import pin_host_buffer
-from engine.driver import PipelineDriver
-from engine.driver_api import ApplyRefused
+from engine.control.driver import PipelineDriver
+from engine.control.protocol import ApplyRefused
 from engine.errors import EngineError
-from engine.host_image import HostImage
-from engine.sampler import SamplingParams
+from engine.memory.device import pin_host_buffer
+from engine.memory.host_image import HostImage
+from engine.runtime.sampler import SamplingParams
 from solvers.capacity import CutPricer
 from solvers.ladder import switch_cost_s
 from solvers.rig import Rig

@@ -30,8 +30,8 @@ from benchmarks import rig_engine  # noqa: E402
 from benchmarks.rig_load import Load  # noqa: E402
 from benchmarks.rig_steps import Record, Steps, begin_run, run_arguments  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
-from engine.host_image import HostImage  # noqa: E402
-from engine.reconfig import host_ram_available  # noqa: E402
+from engine.control.operations import host_ram_available  # noqa: E402
+from engine.memory.host_image import HostImage  # noqa: E402
 from solvers.census import CONFIG_DIR  # noqa: E402
 from solvers.frontier import compute_frontier  # noqa: E402
 from solvers.rig import Rig, load_rig  # noqa: E402

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from engine.driver import PipelineDriver
+from engine.control.driver import PipelineDriver
 from engine.errors import EngineRequestError
-from engine.sampler import SamplingParams
+from engine.runtime.sampler import SamplingParams
 
 ANSWER_S = 600.0  # a request with no answer after this long is counted lost
 

@@ -29,9 +29,9 @@ from benchmarks.rig_h200 import environment, rig_for, write_config  # noqa: E402
 from benchmarks.rig_load import Load  # noqa: E402
 from benchmarks.rig_steps import Record, Steps, begin_run, run_arguments  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
-from engine.driver import PipelineDriver  # noqa: E402
-from engine.host_image import HostImage  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
+from engine.control.driver import PipelineDriver  # noqa: E402
+from engine.memory.host_image import HostImage  # noqa: E402
+from engine.runtime.sampler import SamplingParams  # noqa: E402
 from solvers.calibration import Sample  # noqa: E402
 from solvers.timing_fit import fit_timing  # noqa: E402
 from solvers.timing_validation import validate_timing  # noqa: E402

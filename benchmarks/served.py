@@ -32,7 +32,7 @@ from benchmarks.multi_gpu_service import (
 )
 from engine.bench_sweep import prompts_for, serving_shape
 from engine.config import ModelConfig
-from engine.sampler import SamplingParams
+from engine.runtime.sampler import SamplingParams
 from solvers.attestation import bearer_token
 from solvers.measurement import LayoutMeasurement
 from solvers.rig import load_rig

@@ -1,4 +1,5 @@
-"""What the engine's HTTP service costs per streamed token, apart from any model: the real service (engine/service.py)
+"""What the engine's HTTP service costs per streamed token, apart from any model: the real service
+(engine/serve/http.py)
 over a stepping fake engine that hands every running request one token a step, driven by the served sweep's client.
 
 For each HTTP stack uvicorn can run (h11 on asyncio; httptools on uvloop) and each client-process count, it prints the
@@ -29,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import served  # noqa: E402
 from benchmarks.multi_gpu_service import free_port  # noqa: E402
-from engine.driver_api import RequestHandle  # noqa: E402
-from engine.sampler import SamplingParams  # noqa: E402
+from engine.control.protocol import RequestHandle  # noqa: E402
+from engine.runtime.sampler import SamplingParams  # noqa: E402
 
 STACKS = (("h11", "asyncio"), ("httptools", "uvloop"))
 TOKEN = "service-overhead-token"
@@ -74,8 +75,8 @@ class SteppingEngine:
 def serve(port: int, http: str, loop: str, step_s: float) -> None:
     import uvicorn
 
-    from engine.access import Credentials
-    from engine.service import build_app
+    from engine.serve.access import Credentials
+    from engine.serve.http import build_app
 
     app = build_app(SteppingEngine(step_s), Credentials(control_token=TOKEN, approval_key="unused"))
     uvicorn.run(app, host="127.0.0.1", port=port, http=http, loop=loop, log_level="warning")

@@ -3,7 +3,7 @@
 Every console process and `make run` set `PRIVATE_UMASK` before they create anything, so the database, the var
 folder, beat's schedule and pidfile, the audit anchor and the engine's ledger are 0600 files in 0700 folders; what an
 older run or a restore left with looser modes is tightened by `make_private`. No Django here: console/settings.py and
-console/run.py both use it.
+launch/run.py both use it.
 """
 
 from __future__ import annotations

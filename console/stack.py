@@ -7,7 +7,7 @@ the console's port, which no two running stacks share); console processes starte
 libraries' own names and the engine's default channel. An explicit SEAM_TELEMETRY_CHANNEL or
 CELERY_TASK_DEFAULT_QUEUE still wins over the derived name.
 
-No Django here: console/settings.py and console/run.py both read the names from `stack_names`.
+No Django here: console/settings.py and launch/run.py both read the names from `stack_names`.
 """
 
 from __future__ import annotations

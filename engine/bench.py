@@ -66,7 +66,7 @@ def _in_fresh_process(function, *args):
 def _engine_run(checkpoint: str, prompts: list[list[int]], gen_len: int, device: str, repeat: int,
                 threads: int | None, rig: str, memory: str | None) -> dict:
     from engine.llm import LLM
-    from engine.sampler import SamplingParams
+    from engine.runtime.sampler import SamplingParams
     from solvers.rig import load_rig
 
     if threads:

@@ -41,7 +41,7 @@ def _synced() -> float:
 def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: int, seed: int, rig: str,
                  memory: str | None, repeat: int, device: str = "cuda") -> dict:
     from engine.llm import LLM
-    from engine.sampler import SamplingParams
+    from engine.runtime.sampler import SamplingParams
 
     config = ModelConfig.from_pretrained(checkpoint)
     started = time.perf_counter()
@@ -80,7 +80,7 @@ def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
 def activation_peak(llm, prompt_len: int, batch: int) -> int:
     """Device memory one full prefill step (max_num_batched_tokens of `batch` prompts) holds above the weights and
     pools: the workspace the planner must leave, measured (a served rig can declare it)."""
-    from engine.sampler import SamplingParams
+    from engine.runtime.sampler import SamplingParams
 
     for prompt in prompts_for(llm.config.vocab_size, batch, prompt_len, 2):
         llm.submit(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
@@ -95,8 +95,8 @@ def activation_peak(llm, prompt_len: int, batch: int) -> int:
 
 def unfused_step(checkpoint: str, prompt_len: int, rig: str, memory: str | None, device: str = "cuda") -> dict:
     """batch1_step with the elementwise fusion off: what torch.compile buys."""
-    from engine import fused
     from engine.llm import LLM
+    from engine.ops import fused
 
     fused.enabled = False
     config = ModelConfig.from_pretrained(checkpoint)
@@ -110,7 +110,7 @@ def profile(llm, prompt_len: int, rows: int = 25, wide: int = 64) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from engine.sampler import SamplingParams
+    from engine.runtime.sampler import SamplingParams
 
     tables, graphs = {}, llm.runner.graphs
     params = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -151,7 +151,7 @@ def kernel_sequence(prof, kernels: int = 80) -> str:
 
 def batch1_step(llm, config: ModelConfig, context: int, steps: int = 200) -> dict:
     """Median time of one batch-1 decode step (graph replay + sampling) and the bytes it must read."""
-    from engine.sampler import SamplingParams
+    from engine.runtime.sampler import SamplingParams
 
     seq = llm.submit(list(range(1, context + 1)), SamplingParams(max_tokens=steps + 2, ignore_eos=True))
     llm.step()  # prefill

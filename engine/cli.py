@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _generate(args: argparse.Namespace) -> tuple[dict, str]:
     from engine.llm import LLM
-    from engine.sampler import SamplingParams
+    from engine.runtime.sampler import SamplingParams
 
     folder = _checkpoint(args.checkpoint)
     if args.prompt is not None and not (folder / "tokenizer.json").is_file():
@@ -171,7 +171,7 @@ def _bench(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def _serve(args: argparse.Namespace) -> tuple[dict, str]:
-    from engine.serve import default_redis_url, run_service
+    from engine.serve.main import default_redis_url, run_service
 
     run_service(_checkpoint(args.checkpoint), args.rig, args.cut, args.host, args.port,
                 args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel, args.ladder,

@@ -11,20 +11,19 @@ from pathlib import Path
 
 import torch
 
-from engine.block_manager import BlockManager, SlotManager
-from engine.caches import CACHE_DTYPES
 from engine.config import ModelConfig
-from engine.context import StepPlan
 from engine.errors import EngineError
-from engine.kv_pool import KVPool
+from engine.layers.caches import CACHE_DTYPES
 from engine.layers.merge import merge_projections
 from engine.loader import load_model
-from engine.runner import ModelRunner
-from engine.sampler import Sampler, SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
-from engine.state_pool import StatePool
-from engine.text import CheckpointText
+from engine.memory.kv_pool import KVPool
+from engine.memory.state_pool import StatePool
+from engine.runtime.block_manager import BlockManager, SlotManager
+from engine.runtime.runner import ModelRunner
+from engine.runtime.sampler import Sampler, SamplingParams
+from engine.runtime.scheduler import Scheduler
+from engine.runtime.sequence import Sequence
+from engine.runtime.text import CheckpointText
 from solvers.capacity import CutPricer, PoolResult
 from solvers.rig import Rig, load_rig
 from solvers.units import parse_size
@@ -92,7 +91,7 @@ class LLM:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        logits = self.runner.run(StepPlan.from_batch(batch, self.shape.block_size))
+        logits = self.runner.run(batch.plan(self.shape.block_size))
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
         tokens = self.sampler.sample(logits, [batch.seqs[i].params for i in ready],
                                      [batch.seqs[i].seq_id for i in ready])

@@ -10,7 +10,7 @@ Two secrets, each handed to the processes that need it through the environment (
   for its plan_hash, so holding the control token alone is not enough to change the layout: a change needs a
   job that passed the review gate.
 - the attestation's `audit_head` `{trail, seq, hash}` is the console's newest audit event when it signed: the engine
-  keeps the newest head each trail's attestations carried (engine/audit_witness.py), outside the console's
+  keeps the newest head each trail's attestations carried (engine/control/audit_witness.py), outside the console's
   database, so a database restored to an older copy is refused and reported (docs/console.md, "Trust model").
 
 The optional **API key** (`SEAM_API_KEY`) guards the engine's OpenAI-compatible /v1/*, as vLLM's --api-key does.

@@ -1,7 +1,7 @@
 """What the engine measures of the layout it serves: the one shape engine and console exchange for it.
 
 The engine reports a LayoutMeasurement as `measurement` in GET /control/state and in every telemetry snapshot's
-`engine` (engine/telemetry_snapshot.py builds it); the console parses it back with `LayoutMeasurement.from_dict`,
+`engine` (engine/control/snapshot.py builds it); the console parses it back with `LayoutMeasurement.from_dict`,
 records it (console.calibration) and calibrates the timing model from its decode stage times
 (solvers.timing_fit). Nobody else reads these keys.
 

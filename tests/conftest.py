@@ -11,7 +11,7 @@ import pytest
 from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 # The engine services, Celery workers and console stacks the tests start are children of this process: they read
-# the control token and approval key from here, so console and engine agree on them (console/run.py generates
+# the control token and approval key from here, so console and engine agree on them (launch/run.py generates
 # them for `make run`).
 TEST_CONTROL_TOKEN = os.environ.setdefault(CONTROL_TOKEN_ENV, "seam-test-control-token")
 TEST_APPROVAL_KEY = os.environ.setdefault(APPROVAL_KEY_ENV, "seam-test-approval-key")
@@ -26,7 +26,8 @@ if "SEAM_VAR_DIR" not in os.environ:
 
 
 # Engines started without --state-dir (`engine serve` in a test, a worker's engine) keep their spent-job ledgers
-# (engine/job_ledger.py) in a session folder, never in the user's ~/.local/state where a later run would find them.
+# (engine/control/job_ledger.py) in a session folder, never in the user's ~/.local/state where a later run would find
+# them.
 if "SEAM_ENGINE_STATE_DIR" not in os.environ:
     os.environ["SEAM_ENGINE_STATE_DIR"] = tempfile.mkdtemp(prefix="seam-test-engine-state-")
     atexit.register(shutil.rmtree, os.environ["SEAM_ENGINE_STATE_DIR"], ignore_errors=True)

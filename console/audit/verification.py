@@ -1,5 +1,5 @@
 """Verify the audit trail: walk the keyed chain from the genesis, hold it against the anchor file, and against the
-head the engine witnessed (engine/audit_witness.py) when a witness is passed.
+head the engine witnessed (engine/control/audit_witness.py) when a witness is passed.
 
 What is caught: a row changed, removed or re-hashed without SEAM_AUDIT_KEY (its hash no longer matches
 under the key); a keyed row downgraded to the unkeyed legacy scheme; an anchored event whose hash changed

@@ -86,7 +86,7 @@ def _short(job: Job, counting: int, required: int, set_aside: list[dict]) -> str
 
 def attest(job: Job) -> dict:
     """The signed `{job_id, approvers, issued_at, audit_head, signature}` for the job's plan, carrying the audit
-    trail's head so that the engine witnesses it (engine/audit_witness.py); CannotAttest saying why not."""
+    trail's head so that the engine witnesses it (engine/control/audit_witness.py); CannotAttest saying why not."""
     key = settings.SEAM_APPROVAL_KEY
     if not key:
         raise CannotAttest(f"this console holds no approval key ({APPROVAL_KEY_ENV} is not set), so it cannot attest "

@@ -1,5 +1,5 @@
 """The engine as the audit trail's witness: verify holds the chain against the newest head the engine kept from the
-attestations it accepted (engine/audit_witness.py), which the console's database writer cannot rewrite."""
+attestations it accepted (engine/control/audit_witness.py), which the console's database writer cannot rewrite."""
 
 from __future__ import annotations
 

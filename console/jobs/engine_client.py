@@ -136,7 +136,8 @@ class EngineClient:
         return self._call("GET", f"/control/operations/{operation_id}")
 
     def audit_head(self, trail: str) -> dict[str, Any] | None:
-        """The newest audit head of `trail` the engine's attestations carried (engine/audit_witness.py), or None."""
+        """The newest audit head of `trail` the engine's attestations carried (engine/control/audit_witness.py), or
+        None."""
         reply = self._call("GET", "/control/audit-head", params={"trail": trail})
         head = reply.get("witnessed")
         if head is not None and not (isinstance(head, dict) and type(head.get("seq")) is int

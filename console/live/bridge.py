@@ -1,8 +1,9 @@
 """Engine telemetry (Redis pub/sub) -> the channel-layer group `telemetry`, and gap fills from the recent list.
 
 The engine publishes each snapshot's JSON on `TELEMETRY_CHANNEL`, keeps the newest at `{channel}:latest` and
-the last 256, newest first, in the list `{channel}:recent` (engine/telemetry.py). The console never imports
-the engine, so the two key names are repeated here; keep `telemetry_keys` in step with `engine.telemetry.keys`.
+the last 256, newest first, in the list `{channel}:recent` (engine/telemetry/publisher.py). The console never imports
+the engine, so the two key names are repeated here; keep `telemetry_keys` in step with
+`engine.telemetry.publisher.keys`.
 
 `run_bridge` forwards every snapshot as `{"type": "telemetry.snapshot", "snapshot": {...}}` to the group
 `telemetry`. Redis going away never ends it: it logs once, backs off (doubling, capped) and resubscribes.

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.fused import fused
 from engine.layers.merge import stack_rows
 from engine.layers.norm import GatedRMSNorm
 from engine.layers.step import LayerStep
 from engine.ops.conv import conv_forward
+from engine.ops.fused import fused
 from engine.ops.gdn import decodes_in_place, gdn_decode_in_place, gdn_forward
 from engine.ops.linear import linear
 

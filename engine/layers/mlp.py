@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.fused import fused
 from engine.layers.merge import stack_rows
+from engine.ops.fused import fused
 
 
 class GatedMLP(nn.Module):

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.fused import fused
 from engine.layers.merge import stack_experts, stack_rows
 from engine.layers.mlp import GatedMLP, silu_mul
 from engine.layers.norm import RMSNorm
+from engine.ops.fused import fused
 
 try:
     from engine.ops.triton_moe import fused_experts, routed_experts

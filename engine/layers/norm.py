@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.fused import fused
 from engine.ops import HALF
+from engine.ops.fused import fused
 
 try:
     from engine.ops.triton_norm import triton_gated_rms_norm, triton_rms_norm

@@ -11,7 +11,7 @@ import math
 import torch
 
 from engine.config import ModelConfig
-from engine.fused import fused
+from engine.ops.fused import fused
 
 
 def inverse_frequencies(config: ModelConfig) -> torch.Tensor:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.caches import LayerCaches
-from engine.context import StepContext
+from engine.layers.caches import LayerCaches
 from engine.ops.attention import PagedMetadata
+from engine.step_plan import StepContext
 
 
 @dataclass

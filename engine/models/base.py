@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.caches import LayerCaches
 from engine.config import ModelConfig
-from engine.context import StepContext
+from engine.layers.caches import LayerCaches
 from engine.layers.norm import RMSNorm, sum_parts
 from engine.layers.rotary import RotaryEmbedding
 from engine.layers.step import LayerStep
 from engine.ops.attention import PagedMetadata
+from engine.step_plan import StepContext
 from solvers.census import LayerKind
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.context import DecodeBatch, StepContext
 from engine.ops.paged_decode import gate_output, paged_decode
+from engine.step_plan import DecodeBatch, StepContext
 
 try:
     from engine.ops.triton_decode import triton_write_kv

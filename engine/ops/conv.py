@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.context import StepContext
-from engine.fused import fused
 from engine.ops import HALF
+from engine.ops.fused import fused
+from engine.step_plan import StepContext
 
 try:
     from engine.ops.triton_conv_prefill import triton_conv_prefill

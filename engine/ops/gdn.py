@@ -18,7 +18,7 @@ import itertools
 
 import torch
 
-from engine.context import StepContext
+from engine.step_plan import StepContext
 
 try:  # the fast path: flash-linear-attention's Triton kernels (CUDA only)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.fused import fused
+from engine.ops.fused import fused
 
 try:
     from engine.ops.triton_decode import triton_paged_decode

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused import fused
+from engine.ops.fused import fused
 from engine.ops.triton_route import route_and_align
 
 

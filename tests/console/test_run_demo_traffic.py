@@ -1,4 +1,4 @@
-"""`make run`'s demo traffic (console/demo_traffic.py) against a small local HTTP server standing in for the engine:
+"""`make run`'s demo traffic (launch/demo_traffic.py) against a small local HTTP server standing in for the engine:
 it sends short completions one at a time with the API key, backs off while refused and logs that once, recovers,
 and stops when told."""
 
@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from console.demo_traffic import DemoTraffic
-from console.run_redis import free_port
+from launch.demo_traffic import DemoTraffic
+from launch.local_redis import free_port
 
 
 class FakeEngine(ThreadingHTTPServer):

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from e2e_stack import RedisServer, free_port, fresh_database, launch, stack_env, stop  # noqa: E402
 from live_service import LiveService  # noqa: E402
 
-from console.run_engine import check_external_engine  # noqa: E402
+from launch.engine import check_external_engine  # noqa: E402
 from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def engine(tmp_path_factory):
 
 def console_run(*args: str, **environ: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", **environ}
-    return subprocess.run([sys.executable, "-m", "console.run", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -79,7 +79,7 @@ def test_with_seam_engine_url_it_starts_no_engine_and_every_process_gets_the_sam
             env = stack_env(tmp_path, database_url, redis_server.url, port, free_port())
             env.pop("SEAM_STACK", None)
             env["SEAM_ENGINE_URL"] = engine.url
-            stack = launch([sys.executable, "-m", "console.run"], env, port, free_port(), redis_server)
+            stack = launch([sys.executable, "-m", "launch"], env, port, free_port(), redis_server)
             try:
                 printed = stack.printed()
                 commands = [" ".join(process.cmdline()) for process in stack.descendants()]
@@ -102,5 +102,5 @@ def test_with_seam_engine_url_it_starts_no_engine_and_every_process_gets_the_sam
         assert environ.get("SEAM_STACK") == f"port{port}", role
         assert environ.get("SEAM_ENGINE_URL") == engine.url, role
         assert environ.get("SEAM_TELEMETRY_CHANNEL") == "seam:telemetry", role  # the engine's own channel
-        # The engine's token, to the processes that call the engine (console/run_secrets.py).
+        # The engine's token, to the processes that call the engine (launch/stack_secrets.py).
         assert environ.get(CONTROL_TOKEN_ENV) == (engine.control_token if role in ("worker", "web") else None), role

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from console.run import stack_keys
+from launch.run import stack_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("telemetry_channel", "task_queue", "control_exchange", "event_exchange", "channel_layer_prefix")

@@ -1,4 +1,4 @@
-"""Browser tests against the real stack: one `python -m console.run` and one Chromium per test module.
+"""Browser tests against the real stack: one `python -m launch` and one Chromium per test module.
 
 Module scope, not session: Playwright keeps an event loop running while it is started, which the rest of the
 suite's Django tests must never see, and the stack should not keep eating CPU after the browser tests end."""

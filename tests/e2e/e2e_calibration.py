@@ -82,7 +82,7 @@ def _measure_job(job_id: int, until: float) -> dict:
 def main(command: str, *args: str) -> dict:
     import django
 
-    from console.run_secrets import stack_secrets
+    from launch.stack_secrets import stack_secrets
 
     os.environ.update(stack_secrets(Path(os.environ["SEAM_VAR_DIR"]), os.environ))
     django.setup()

@@ -1,4 +1,4 @@
-"""The real Seam stack for browser tests: `python -m console.run` (what `make run` runs) in its own process
+"""The real Seam stack for browser tests: `python -m launch` (what `make run` runs) in its own process
 group, against a redis-server of the test's own and a fresh database, stopped with SIGINT like Ctrl-C."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import psutil
 import psycopg
 import redis
 
-from console.run_redis import redis_server_binary
+from launch.local_redis import redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "e2e-demo-password"
@@ -82,7 +82,7 @@ def fresh_database(folder: Path) -> Iterator[str]:
 
 @dataclass
 class Stack:
-    """A running `console.run` and what it printed."""
+    """A running `launch` and what it printed."""
 
     launcher: subprocess.Popen
     port: int
@@ -130,7 +130,7 @@ class Stack:
 
 def launch(command: list[str], env: dict[str, str], port: int, engine_port: int, redis_server: RedisServer | None,
            timeout: float = 120) -> Stack:
-    """Start `command` (console.run or `make run`) in its own process group and wait for its ready line."""
+    """Start `command` (launch or `make run`) in its own process group and wait for its ready line."""
     launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     stack = Stack(launcher, port, engine_port, redis_server, env=env)
@@ -181,7 +181,7 @@ SUITE_SECRETS = ("SEAM_ENGINE_TOKEN", "SEAM_APPROVAL_KEY", "SEAM_SECRET_KEY", "S
 
 @contextmanager
 def running_stack(folder: Path, own_secrets: bool = False) -> Iterator[Stack]:
-    """`python -m console.run` on free ports with its own redis-server and database; every child must exit on SIGINT.
+    """`python -m launch` on free ports with its own redis-server and database; every child must exit on SIGINT.
     With `own_secrets` the stack generates its secrets itself, none set in its environment."""
     redis_server = RedisServer()
     redis_server.start()
@@ -194,7 +194,7 @@ def running_stack(folder: Path, own_secrets: bool = False) -> Iterator[Stack]:
             # An explicit channel (it wins over the stack key's, seam:port<port>:telemetry): the Redis restart test
             # reads the telemetry keys by this name. Each stack here has a redis-server of its own to itself.
             env["SEAM_TELEMETRY_CHANNEL"] = "seam:telemetry"
-            stack = launch([sys.executable, "-m", "console.run"], env, port, engine_port, redis_server, timeout=300)
+            stack = launch([sys.executable, "-m", "launch"], env, port, engine_port, redis_server, timeout=300)
             try:
                 yield stack
             finally:

@@ -14,7 +14,7 @@ import redis
 from e2e_stack import PASSWORD, READY_LINE, free_port, launch, stack_env, stop
 
 from console import run_redis
-from console.run_supervisor import Supervisor
+from launch.supervisor import Supervisor
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def test_make_run_prints_the_url_and_logins_serves_the_login_page_and_stops_on_c
         page.close()
         processes = stack.descendants()
         names = " ".join(" ".join(process.cmdline()) for process in processes)
-        for part in ("console.run", "redis-server", "engine serve", "telemetry_bridge", "celery", "daphne"):
+        for part in ("launch", "redis-server", "engine serve", "telemetry_bridge", "celery", "daphne"):
             assert part in names, f"{part} not among the processes `make run` started"
     finally:
         alive = stop(stack, signal_group=True)

@@ -18,9 +18,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from engine.caches import InMemoryCaches  # noqa: E402
-from engine.context import StepContext  # noqa: E402
+from engine.layers.caches import InMemoryCaches  # noqa: E402
 from engine.models import RangeCausalLM  # noqa: E402
+from engine.step_plan import StepContext  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # the "falling back to PyTorch" notices are expected here
 

@@ -1,4 +1,4 @@
-"""The engine's apply gates without a live engine: the attestation check (engine/access.py `attested`, over
+"""The engine's apply gates without a live engine: the attestation check (engine/serve/access.py `attested`, over
 solvers/attestation.py `verify_attestation`); the job ledger has its own tests (tests/engine/test_job_ledger.py).
 
 The same gates are exercised end to end against a running engine in tests/security/test_engine_credentials.py;
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.access import Credentials, attested
-from engine.driver_api import ApplyRefused
+from engine.control.protocol import ApplyRefused
+from engine.serve.access import Credentials, attested
 from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, AuditHead, sign_attestation
 
 KEY = "approval-key-for-tests"

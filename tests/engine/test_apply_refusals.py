@@ -1,6 +1,7 @@
 """Which refusal the real engine gives an apply, through its real HTTP app, without a live engine process.
 
-The driver is the real one (engine/driver.py, one CPU rank on the demo model) and the app is `build_app`'s, called
+The driver is the real one (engine/control/driver.py, one CPU rank on the demo model) and the app is `build_app`'s,
+called
 in-process: a tampered plan is 400, a stale one 409, an infeasible one 422, and none of them starts an operation or
 moves the layout. tests/engine/test_service.py checks that the service forwards whatever a driver refuses;
 tests/engine/test_live_reconfiguration.py does the same against a running `engine serve` (15-25 s a test).
@@ -15,10 +16,10 @@ import pytest
 from live_service import lone_head
 from starlette.testclient import TestClient
 
-from engine.access import Credentials
+from engine.control.driver import PipelineDriver
 from engine.demo import make_demo_checkpoint
-from engine.driver import PipelineDriver
-from engine.service import build_app
+from engine.serve.access import Credentials
+from engine.serve.http import build_app
 from solvers.attestation import bearer_token, sign_attestation
 from solvers.rig import load_rig
 
@@ -72,7 +73,8 @@ def unchanged(client: TestClient, driver: PipelineDriver, before: dict, operatio
 
 
 def test_a_stale_plan_is_refused_with_409_and_changes_nothing(client, driver):
-    """Guard: the fingerprint check of Operations.apply (engine/reconfig.py): a plan made for another layout than the
+    """Guard: the fingerprint check of Operations.apply (engine/control/operations.py): a plan made for another layout
+    than the
     one running is refused, even though it is well signed, attested and feasible on the new layout too."""
     stale = plan(client, {"max_num_seqs": 6})
     moved = apply(client, plan(client, {"max_num_seqs": 5}))

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from engine.config import ModelConfig
-from engine.host_image import HostImage
-from engine.rank import RankLayout, RankWorker
+from engine.memory.host_image import HostImage
+from engine.ranks.rank import RankLayout, RankWorker
 from solvers.capacity import CutPricer
 from solvers.census import CONFIG_DIR
 from solvers.rig import load_rig
@@ -451,7 +451,7 @@ def test_every_running_layout_of_the_rig_run_holds_its_predicted_pool_within_one
 def test_rank_memory_names_what_sits_beside_each_free_block_of_the_default_pool():
     from benchmarks.rank_memory import layout, pins
 
-    frames = [{"filename": "/x/engine/kv_pool.py", "line": 28, "name": "__init__"},
+    frames = [{"filename": "/x/engine/memory/kv_pool.py", "line": 28, "name": "__init__"},
               {"filename": "/usr/lib/python3/threading.py", "line": 1, "name": "run"}]
     snapshot = {"segments": [
         {"segment_pool_id": (0, 0), "blocks": [

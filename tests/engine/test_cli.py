@@ -11,7 +11,7 @@ from safetensors import safe_open
 from engine.cli import main
 from engine.demo import train_tokenizer
 from engine.llm import LLM
-from engine.sampler import SamplingParams
+from engine.runtime.sampler import SamplingParams
 
 
 @pytest.fixture(scope="session")

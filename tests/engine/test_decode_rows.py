@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.context import DecodeBatch, DecodeRows
+from engine.step_plan import DecodeBatch, DecodeRows
 
 
 def test_rows_hold_each_sequences_blocks_up_to_its_new_token_and_zeros_past_them():

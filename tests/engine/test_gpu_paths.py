@@ -11,13 +11,12 @@ import pytest
 import torch
 from engine_checkpoints import TinyRunner, relative_error
 
-from engine import fused
-from engine.context import StepContext
 from engine.layers.moe import Experts
 from engine.loader import load_model
-from engine.ops import gdn
+from engine.ops import fused, gdn
 from engine.ops.attention import PagedMetadata, paged_attention
 from engine.ops.paged_decode import torch_paged_decode
+from engine.step_plan import StepContext
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16 = 1e-2
@@ -242,7 +241,7 @@ def test_fused_pieces_give_their_eager_values_on_the_gpu(monkeypatch, caplog):
 @cuda
 def test_cuda_graphs_give_the_eager_tokens(reference_checkpoint):
     from engine.llm import LLM
-    from engine.sampler import SamplingParams
+    from engine.runtime.sampler import SamplingParams
 
     folder, _ = reference_checkpoint("qwen3_next_moe")
     prompts = [list(range(1, 12)), list(range(30, 33)), list(range(50, 90))]  # 3 sequences: padded to 4
@@ -259,8 +258,8 @@ def test_cuda_graphs_give_the_eager_tokens(reference_checkpoint):
 def _served_rank(folder: Path, llm, max_num_seqs: int = 4):
     """A served rank (RankWorker, what `engine serve` runs) holding the whole of `llm`'s model, built at its layout."""
     from engine.config import ModelConfig
-    from engine.host_image import HostImage
-    from engine.rank import RankLayout, RankWorker
+    from engine.memory.host_image import HostImage
+    from engine.ranks.rank import RankLayout, RankWorker
 
     config, plan = ModelConfig.from_pretrained(folder), llm.plan
     row = plan.ranks[0]
@@ -278,10 +277,9 @@ def test_a_served_rank_runs_the_llm_runner_with_decode_graphs(tmp_path):
     step through the same StepPlans."""
     from engine_checkpoints import reference_model, save_checkpoint
 
-    from engine.context import StepPlan
-    from engine.graphs import graph_sizes
     from engine.llm import LLM
-    from engine.sampler import SamplingParams
+    from engine.runtime.graphs import graph_sizes
+    from engine.runtime.sampler import SamplingParams
 
     folder = save_checkpoint(reference_model("qwen3_next_moe").to(torch.bfloat16), tmp_path / "bf16")
     llm = LLM(folder, device="cuda", dtype=torch.bfloat16, memory="256MiB", max_model_len=256, max_num_seqs=4)
@@ -294,7 +292,7 @@ def test_a_served_rank_runs_the_llm_runner_with_decode_graphs(tmp_path):
     ours, served = [], []
     while llm.scheduler.has_work:
         batch = llm.scheduler.schedule()
-        step = StepPlan.from_batch(batch, llm.shape.block_size)
+        step = batch.plan(llm.shape.block_size)
         served.append(worker.step(step).argmax)  # the worker's pools mirror the LLM's: same blocks, same slots
         logits = llm.runner.run(step)
         ours.append(logits.argmax)

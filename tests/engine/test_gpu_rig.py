@@ -5,11 +5,11 @@ import os
 import pytest
 import torch
 
-from engine.checksum import arrival_checksum
 from engine.config import ModelConfig
-from engine.device_memory import ALLOCATOR_CONF, MemoryReader, prefer_expandable_segments
-from engine.host_image import HostImage
 from engine.loader import build_model
+from engine.memory.checksum import arrival_checksum
+from engine.memory.device import ALLOCATOR_CONF, MemoryReader, prefer_expandable_segments
+from engine.memory.host_image import HostImage
 from solvers.census import CONFIG_DIR
 
 

@@ -1,4 +1,4 @@
-"""The spent-job ledger (engine/job_ledger.py): one attestation, one apply, on disk and private."""
+"""The spent-job ledger (engine/control/job_ledger.py): one attestation, one apply, on disk and private."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from engine.driver_api import ApplyRefused
+from engine.control.job_ledger import LEDGER_FILE, JobLedger
+from engine.control.protocol import ApplyRefused
 from engine.errors import EngineError
-from engine.job_ledger import LEDGER_FILE, JobLedger
 from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, AuditHead
 
 

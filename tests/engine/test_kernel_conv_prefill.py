@@ -16,8 +16,8 @@ import pytest
 import torch
 from interpret import run_interpreted
 
-from engine.context import StepContext
 from engine.ops.conv import conv_decode, conv_forward, conv_prefill, ungroup
+from engine.step_plan import StepContext
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP32, BF16 = 1e-5, 1e-2

@@ -15,13 +15,13 @@ import torch
 from engine_checkpoints import CASES
 from interpret import run_interpreted
 
-from engine.caches import InMemoryCaches
 from engine.config import ModelConfig
-from engine.context import StepContext
+from engine.layers.caches import InMemoryCaches
 from engine.layers.gated_deltanet import GatedDeltaNet, gdn_gates
 from engine.layers.step import LayerStep
 from engine.ops.conv import conv_decode, ungroup
 from engine.ops.gdn import gated_delta_step
+from engine.step_plan import StepContext
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP32, BF16 = 1e-5, 1e-2

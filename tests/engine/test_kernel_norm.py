@@ -14,11 +14,11 @@ import torch
 from engine_checkpoints import TinyRunner
 from interpret import run_interpreted
 
-from engine import fused
 from engine.layers.merge import merge_projections
 from engine.layers.norm import RMSNorm, add_rms_norm, gated_rms_norm, rms_norm, sum_parts
 from engine.layers.step import LayerStep
 from engine.loader import load_model
+from engine.ops import fused
 from engine.ops.attention import PagedMetadata
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

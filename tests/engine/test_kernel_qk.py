@@ -27,9 +27,9 @@ import torch
 from engine_checkpoints import CASES
 from interpret import run_interpreted
 
-from engine import fused
 from engine.layers.norm import rms_norm
 from engine.layers.rotary import apply_rotary
+from engine.ops import fused
 from solvers.census import LayerKind
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -138,13 +138,13 @@ def decode_through_the_layer(case: str, fused_qk: bool | None, device: str = "cp
     """A prefill of two prompts, then two decode steps of the layer, with the kernel's gate forced open (`fused_qk`
     True: on any device), shut (False) or the layer's own (None). Returns ([outputs..., k cache, v cache], kernel
     calls, write_kv calls)."""
-    from engine.caches import InMemoryCaches
-    from engine.context import StepContext
     from engine.layers import attention
+    from engine.layers.caches import InMemoryCaches
     from engine.layers.rotary import RotaryEmbedding
     from engine.layers.step import LayerStep
     from engine.ops import attention as ops
     from engine.ops.attention import PagedMetadata
+    from engine.step_plan import StepContext
 
     config = _layer_config(case)
     index = next(i for i in range(config.num_layers) if config.layer_kind(i) != LayerKind.LINEAR_ATTENTION)
@@ -301,12 +301,12 @@ def decode_kernels(fused_qk: bool) -> tuple[list[str], torch.Tensor]:
     the kernel's gate as the layer has it or shut, and the step's output."""
     from test_paged_decode import _real_attention_config
 
-    from engine.caches import InMemoryCaches
-    from engine.context import StepContext
     from engine.layers.attention import Attention
+    from engine.layers.caches import InMemoryCaches
     from engine.layers.rotary import RotaryEmbedding
     from engine.layers.step import LayerStep
     from engine.ops.attention import PagedMetadata
+    from engine.step_plan import StepContext
 
     config = _real_attention_config()
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """Request latency as the driver logs it: time to first token, time between tokens, medians over the newest."""
 
-from engine.latency import LatencyLog
+from engine.telemetry.latency import LatencyLog
 from solvers.measurement import Latency
 
 

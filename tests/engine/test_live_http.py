@@ -17,9 +17,9 @@ from live_service import LiveService, run_concurrently
 
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
-from engine.openai_api import render_chat
-from engine.sampler import SamplingParams
-from engine.telemetry import USED_CATEGORIES
+from engine.runtime.sampler import SamplingParams
+from engine.serve.openai_api import render_chat
+from engine.telemetry.publisher import USED_CATEGORIES
 from solvers.measurement import STEP_KINDS, LayoutMeasurement
 
 MAX_MODEL_LEN = 2048  # the cpu-demo rig's shape

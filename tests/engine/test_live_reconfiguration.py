@@ -15,7 +15,7 @@ from live_service import LiveService, run_concurrently
 
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
-from engine.sampler import SamplingParams
+from engine.runtime.sampler import SamplingParams
 from solvers.measurement import LayoutMeasurement
 
 MAX_TOKENS = 24

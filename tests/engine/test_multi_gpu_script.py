@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.rank_group import RankGroup
+from engine.ranks.group import RankGroup
 from solvers.census import CONFIG_DIR
 from solvers.rig import load_rig
 

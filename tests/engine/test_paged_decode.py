@@ -19,14 +19,14 @@ from engine_checkpoints import CASES
 from interpret import run_interpreted
 from test_gpu_paths import _cache_case
 
-from engine.caches import InMemoryCaches
 from engine.config import ModelConfig
-from engine.context import DecodeBatch, StepContext
 from engine.layers.attention import Attention
+from engine.layers.caches import InMemoryCaches
 from engine.layers.rotary import RotaryEmbedding
 from engine.layers.step import LayerStep
 from engine.ops.attention import PagedMetadata, paged_attention
 from engine.ops.paged_decode import gate_output, torch_paged_decode
+from engine.step_plan import DecodeBatch, StepContext
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP32, FP16, BF16 = 1e-5, 1e-3, 1e-2

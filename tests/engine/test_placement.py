@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from engine.config import ModelConfig
-from engine.host_image import HostImage
 from engine.layers.merge import materialize, merge_projections
 from engine.loader import build_model
+from engine.memory.host_image import HostImage
 from solvers.census import CONFIG_DIR, LayerKind
 
 

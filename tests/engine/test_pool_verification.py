@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.driver import PipelineDriver
+from engine.control.driver import PipelineDriver
 from engine.errors import EngineError
 from solvers.rig import load_rig
 
@@ -41,14 +41,15 @@ def pools(driver: PipelineDriver) -> list[int]:
 
 
 def test_a_start_whose_rank_allocates_another_pool_is_refused(demo, monkeypatch):
-    """Pins `verify` at start-up (engine/driver.py): rank 1's pool is a block short, so the engine does not start."""
+    """Pins `verify` at start-up (engine/control/driver.py): rank 1's pool is a block short, so the engine does not
+    start."""
     monkeypatch.setenv("SEAM_FAULT_SHORT_POOL", "1:0")
     with pytest.raises(EngineError, match="do not match the planner's prediction: rank 1 kv_pool_tokens: predicted"):
         PipelineDriver(demo, load_rig("cpu-demo"), cut=START)
 
 
 def test_an_apply_whose_rank_allocates_another_pool_rolls_back(demo, monkeypatch):
-    """Pins `verify` after an apply (engine/reconfig.py): the move's build on rank 1 is a block short, so the
+    """Pins `verify` after an apply (engine/control/operations.py): the move's build on rank 1 is a block short, so the
     operation is rolled back and the engine serves the previous layout, every pool as predicted."""
     monkeypatch.setenv("SEAM_FAULT_SHORT_POOL", "1:1")
     driver = PipelineDriver(demo, load_rig("cpu-demo"), cut=START)
@@ -65,7 +66,8 @@ def test_an_apply_whose_rank_allocates_another_pool_rolls_back(demo, monkeypatch
 
 
 def test_a_restore_whose_rank_allocates_another_pool_is_not_accepted(demo, monkeypatch):
-    """Pins `verify` in a restore (engine/recovery.py): the move fails its check (build 1) and so does the rollback
+    """Pins `verify` in a restore (engine/control/recovery.py): the move fails its check (build 1) and so does the
+    rollback
     rebuilt in place (build 2); the restore then replaces the rank processes and rebuilds clean. Without the check
     the short rollback would be installed as the running layout."""
     monkeypatch.setenv("SEAM_FAULT_SHORT_POOL", "1:1,2")

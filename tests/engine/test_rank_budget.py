@@ -7,8 +7,8 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import EngineError
-from engine.host_image import HostImage
-from engine.rank import RankLayout, RankWorker
+from engine.memory.host_image import HostImage
+from engine.ranks.rank import RankLayout, RankWorker
 from solvers.capacity import CutPricer
 from solvers.rig import load_rig
 

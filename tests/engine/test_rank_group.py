@@ -5,7 +5,7 @@ import multiprocessing as mp
 
 import pytest
 
-from engine.rank_group import RankFailure, RankGroup
+from engine.ranks.group import RankFailure, RankGroup
 
 
 def group_of_one_exited_rank(close_its_end: bool) -> RankGroup:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from engine.errors import EngineRequestError
-from engine.sampler import SEED_MAX, Sampler, SamplingParams
+from engine.runtime.sampler import SEED_MAX, Sampler, SamplingParams
 
 
 def test_greedy_takes_the_argmax():

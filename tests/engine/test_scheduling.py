@@ -4,12 +4,12 @@ import random
 
 import pytest
 
-from engine.block_manager import BlockManager, SlotManager
 from engine.errors import EngineError, EngineRequestError
 from engine.llm import LLM
-from engine.sampler import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.runtime.block_manager import BlockManager, SlotManager
+from engine.runtime.sampler import SamplingParams
+from engine.runtime.scheduler import Scheduler
+from engine.runtime.sequence import Sequence
 
 CASE = "qwen3_next_moe"
 

@@ -23,12 +23,12 @@ import pytest
 from live_service import lone_head
 from starlette.testclient import TestClient
 
-from engine.access import Credentials
-from engine.driver_api import ApplyRefused, RequestHandle
+from engine.control.protocol import ApplyRefused, RequestHandle
 from engine.errors import EngineError, EngineRequestError
-from engine.openai_api import IncrementalText
-from engine.sampler import SamplingParams
-from engine.service import build_app
+from engine.runtime.sampler import SamplingParams
+from engine.serve.access import Credentials
+from engine.serve.http import build_app
+from engine.serve.openai_api import IncrementalText
 from solvers.attestation import bearer_token, sign_attestation
 from solvers.errors import SolverError
 
@@ -123,7 +123,7 @@ def driver() -> FakeDriver:
 
 
 def _client(driver: FakeDriver) -> TestClient:
-    # /v1 answers loopback's Host names only (engine/cross_site.py), not TestClient's default "testserver".
+    # /v1 answers loopback's Host names only (engine/serve/cross_site.py), not TestClient's default "testserver".
     return TestClient(build_app(driver, CREDENTIALS), base_url="http://localhost",
                       headers=bearer_token(CREDENTIALS.control_token))
 
@@ -389,7 +389,8 @@ class FailingApplyDriver(FakeDriver):
 
 
 def test_a_job_whose_apply_failed_otherwise_stays_spent():
-    """Guard: JobLedger.claim (engine/job_ledger.py) frees a job id only when the driver refused the plan; after any
+    """Guard: JobLedger.claim (engine/control/job_ledger.py) frees a job id only when the driver refused the plan;
+    after any
     other failure the same attestation cannot start a second operation."""
     client = _client(FailingApplyDriver())
     planned = post(client, "/control/plan", {"kind": "cut", "target": {"cut": [3, 1]}, "incumbent_fingerprint": "fp-1"})
@@ -406,9 +407,9 @@ def test_an_unknown_operation_is_404(client):
 
 def test_metrics_are_prometheus_text_from_the_snapshot_and_operations(client, driver, monkeypatch):
     seen = []
-    telemetry = types.ModuleType("engine.telemetry")
+    telemetry = types.ModuleType("engine.telemetry.publisher")
     telemetry.prometheus_text = lambda snapshot, operations: seen.append((snapshot, operations)) or "seam_up 1\n"
-    monkeypatch.setitem(sys.modules, "engine.telemetry", telemetry)
+    monkeypatch.setitem(sys.modules, "engine.telemetry.publisher", telemetry)
     response = client.get("/metrics")
     assert response.status_code == 200 and response.text == "seam_up 1\n"
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -446,7 +447,7 @@ class BrokenDriver(FakeDriver):
 
 def test_an_unexpected_driver_exception_is_a_clean_500(caplog):
     client = _client(BrokenDriver())
-    with caplog.at_level(logging.ERROR, logger="engine.service"):
+    with caplog.at_level(logging.ERROR, logger="engine.serve.http"):
         for response in (client.get("/control/state"), client.post("/v1/completions", json={"prompt": "a"})):
             assert response.status_code == 500 and response.headers["content-type"] == "application/json"
             assert "secret" not in response.text and "Traceback" not in response.text

@@ -1,4 +1,5 @@
-"""A rank's slab (engine/slab.py): parts packed end to end, kept parts moved in place with their bytes intact, and a
+"""A rank's slab (engine/memory/slab.py): parts packed end to end, kept parts moved in place with their bytes intact,
+and a
 rank that has moved holding exactly the packing a fresh start of the same layout holds."""
 
 from dataclasses import replace
@@ -10,10 +11,10 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.demo import make_demo_checkpoint
 from engine.errors import EngineError
-from engine.host_image import HostImage
 from engine.layers.merge import materialize, stack_rows
-from engine.rank import RankLayout, RankWorker
-from engine.slab import ALIGN, Slab, aligned, held_tensors
+from engine.memory.host_image import HostImage
+from engine.memory.slab import ALIGN, Slab, aligned, held_tensors
+from engine.ranks.rank import RankLayout, RankWorker
 from solvers.capacity import CutPricer
 from solvers.rig import load_rig
 

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from engine.stage_timer import WINDOW, StageLog, StageTimer
+from engine.telemetry.stage_timer import WINDOW, StageLog, StageTimer
 from solvers.measurement import NO_STEPS, StageStats
 
 

@@ -14,7 +14,7 @@ import uuid
 import pytest
 import redis
 
-from engine.telemetry import TelemetryPublisher, keys, prometheus_text, recent_since, validate_snapshot
+from engine.telemetry.publisher import TelemetryPublisher, keys, prometheus_text, recent_since, validate_snapshot
 from solvers.measurement import NO_STEPS, Latency, LayoutMeasurement, PoolFigures, StageStats
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -133,7 +133,7 @@ def test_a_failing_snapshot_is_logged_once_and_publishing_continues(client, chan
             raise RuntimeError("rank table not ready")
         return make_snapshot(seq)
 
-    caplog.set_level(logging.INFO, logger="engine.telemetry")
+    caplog.set_level(logging.INFO, logger="engine.telemetry.publisher")
     publisher = TelemetryPublisher(flaky, REDIS_URL, channel=channel, hz=50).start()
     assert wait_until(lambda: publisher.published >= 5)
     assert publisher.running
@@ -193,7 +193,7 @@ def test_publishing_survives_redis_going_away_and_coming_back(caplog, tmp_path):
                "--dir", str(tmp_path)]
     url = f"redis://127.0.0.1:{port}/0"
     own = redis.Redis.from_url(url)
-    caplog.set_level(logging.INFO, logger="engine.telemetry")
+    caplog.set_level(logging.INFO, logger="engine.telemetry.publisher")
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     publisher = None
     try:

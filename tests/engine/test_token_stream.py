@@ -1,4 +1,4 @@
-"""engine/token_stream.py: a stream wakes on the driver's emit and end, not on a timer.
+"""engine/serve/token_stream.py: a stream wakes on the driver's emit and end, not on a timer.
 
 CHECK_S (the fallback re-check) is raised to a minute here, so a reader that was not woken by the handle's listener
 would outlast the five-second bound these tests allow."""
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from engine import token_stream
-from engine.driver_api import RequestHandle
-from engine.token_stream import TokenStream
+from engine.control.protocol import RequestHandle
+from engine.serve import token_stream
+from engine.serve.token_stream import TokenStream
 
 
 @pytest.fixture(autouse=True)

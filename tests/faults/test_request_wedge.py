@@ -14,8 +14,8 @@ import pytest
 from fault_helpers import operations_total, wait_until
 from live_service import LiveService
 
-from engine.health import MAX_RECOVERIES_IN_A_ROW
-from engine.reconfig import KEEP_FINISHED, Operation, Operations
+from engine.control.health import MAX_RECOVERIES_IN_A_ROW
+from engine.control.operations import KEEP_FINISHED, Operation, Operations
 
 pytestmark = pytest.mark.slow
 

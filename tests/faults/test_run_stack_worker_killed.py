@@ -1,4 +1,4 @@
-"""`make run`'s stack (`python -m console.run`) with its Celery worker killed outright (SIGKILL) while four streaming
+"""`make run`'s stack (`python -m launch`) with its Celery worker killed outright (SIGKILL) while four streaming
 completions run against its engine: the engine keeps serving (all four streams finish), `make run` logs the death
 and starts a new worker, which then runs a job through the review gate; SIGTERM to `make run` still stops every
 process of it, beat included. Pins the supervision half of issue 30, item 7 (before it, one dead child stopped the
@@ -39,7 +39,7 @@ def stack(tmp_path_factory):
             port, engine_port = free_port(), free_port()
             env = stack_env(folder, database_url, redis_server.url, port, engine_port)
             env["SEAM_TELEMETRY_CHANNEL"] = "seam:telemetry"
-            running = launch([sys.executable, "-m", "console.run", "--no-demo-traffic"], env, port, engine_port,
+            running = launch([sys.executable, "-m", "launch", "--no-demo-traffic"], env, port, engine_port,
                              redis_server, timeout=300)
             try:
                 yield running

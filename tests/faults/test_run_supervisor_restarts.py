@@ -1,4 +1,4 @@
-"""`make run`'s supervisor (console/run_supervisor.py) with real processes: a child that dies is logged and restarted
+"""`make run`'s supervisor (launch/supervisor.py) with real processes: a child that dies is logged and restarted
 after a back-off that doubles while it keeps dying quickly, the others are left running, a child that had run a
 while starts the count afresh, and after too many quick failures in a row the supervisor gives up with a clear
 message. Pins the restart half of issue 30, item 7."""
@@ -15,7 +15,7 @@ import psutil
 import pytest
 from fault_helpers import wait_until
 
-from console.run_supervisor import RestartPolicy, Supervisor
+from launch.supervisor import RestartPolicy, Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 FAILS_AT_ONCE = [sys.executable, "-c", "raise SystemExit(3)"]

@@ -49,7 +49,7 @@ def no_throttle_history():
 def engine_driver(demo_checkpoint):
     """The real driver (one CPU rank, the demo checkpoint) for tests that build the HTTP app in-process
     (engine.service.build_app): they can watch its tokenizer, which an engine in another process would hide."""
-    from engine.driver import PipelineDriver
+    from engine.control.driver import PipelineDriver
     from solvers.rig import load_rig
 
     driver = PipelineDriver(demo_checkpoint, load_rig("cpu-single"))

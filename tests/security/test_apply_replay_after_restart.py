@@ -1,5 +1,5 @@
 """A captured /control/apply (token + plan + attestation) replayed after the engine was killed and restarted is
-refused: the spent-job ledger is on disk (issue 30, item 1; engine/job_ledger.py)."""
+refused: the spent-job ledger is on disk (issue 30, item 1; engine/control/job_ledger.py)."""
 
 from __future__ import annotations
 

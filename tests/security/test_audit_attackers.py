@@ -139,7 +139,8 @@ def test_an_operator_re_anchors_knowingly_and_the_step_is_audited():
 
 @pytest.mark.slow
 def test_database_and_anchor_writers_together_are_caught_by_the_engine(run_job, live_engine, operator, reviewer):
-    """Pins engine/audit_witness.py (the restored console's attestation is refused) and verification._rolled_back
+    """Pins engine/control/audit_witness.py (the restored console's attestation is refused) and
+    verification._rolled_back
     (verify fails against the witnessed head): without either, the rollback passed."""
     fill(30)
     run_job()

@@ -1,4 +1,5 @@
-"""The engine's witness of the console's audit head (engine/audit_witness.py; issue 30, item 3): per trail, the newest
+"""The engine's witness of the console's audit head (engine/control/audit_witness.py; issue 30, item 3): per trail, the
+newest
 head any accepted attestation carried, on disk and private; a later attestation showing the trail went back (or
 forked) is refused, and stays refused."""
 
@@ -10,8 +11,8 @@ import time
 
 import pytest
 
-from engine.audit_witness import WITNESS_FILE, AuditWitness
-from engine.driver_api import ApplyRefused
+from engine.control.audit_witness import WITNESS_FILE, AuditWitness
+from engine.control.protocol import ApplyRefused
 from engine.errors import EngineError
 from solvers.attestation import Attestation, AuditHead
 

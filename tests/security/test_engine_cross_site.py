@@ -1,6 +1,6 @@
 """What a web page could send to /v1 is refused (issue 30, item 8), against the real engine service: a Host the
 engine does not serve under (DNS rebinding: 421) and a POST not labelled application/json (a "simple" cross-site
-request, sent without a CORS preflight: 415). engine/cross_site.py says why; /control and the probes are not
+request, sent without a CORS preflight: 415). engine/serve/cross_site.py says why; /control and the probes are not
 affected, and the clients that call /v1 properly (httpx's json=, as the console's demo traffic and the openai
 package send) are served.
 """
@@ -11,7 +11,7 @@ import pytest
 from live_service import LiveService
 
 from engine.cli import build_parser
-from engine.cross_site import AllowedHosts, host_name
+from engine.serve.cross_site import AllowedHosts, host_name
 
 PROMPT = {"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}

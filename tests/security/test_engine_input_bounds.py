@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import EngineError
-from engine.json_body import DEFAULT_MAX_BODY_BYTES, MAX_BODY_ENV, MAX_DEPTH, max_body_bytes, nesting_exceeds
+from engine.serve.json_body import DEFAULT_MAX_BODY_BYTES, MAX_BODY_ENV, MAX_DEPTH, max_body_bytes, nesting_exceeds
 
 FIFTY_MB = 50 * 2**20
 ROUTES = ["/v1/completions", "/v1/chat/completions", "/control/plan", "/control/apply"]

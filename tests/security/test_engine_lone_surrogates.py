@@ -2,7 +2,7 @@
 the real engine service.
 
 JSON's escapes can spell "\\ud800" alone, and Python's parser hands it on as a string that is not text: the
-tokenizer refused it (500), and a reply echoing it could not be encoded (500, not even JSON). engine/json_body.py
+tokenizer refused it (500), and a reply echoing it could not be encoded (500, not even JSON). engine/serve/json_body.py
 refuses it while reading the body, on every route.
 """
 

@@ -1,7 +1,8 @@
 """A text prompt too long to fit max_model_len is refused before it is tokenized (issue 30, item 6).
 
 A 7.9 MB prompt used to reach the tokenizer, which took seconds (holding the GIL, so the whole engine froze) only for
-the request to be refused for its length afterwards. The bound is Driver.max_prompt_chars (engine/text.py): twice
+the request to be refused for its length afterwards. The bound is Driver.max_prompt_chars (engine/runtime/text.py):
+twice
 max_model_len times the longest vocabulary entry. The app is `build_app`'s around the real driver, in-process, so
 the test sees whether the checkpoint's real tokenizer was ever asked.
 """
@@ -12,8 +13,8 @@ import pytest
 from held_tokenizer import HeldTokenizer
 from starlette.testclient import TestClient
 
-from engine.access import Credentials
-from engine.service import build_app
+from engine.serve.access import Credentials
+from engine.serve.http import build_app
 
 SEVEN_POINT_NINE_MB = 7_900_000
 

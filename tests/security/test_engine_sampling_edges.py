@@ -2,7 +2,8 @@
 engine service.
 
 `top_p: 5e-324` was a 500: the sampler compares top_p with float32 probabilities, where it rounds to 0, drops every
-token, and multinomial refuses the NaN left (engine/sampler.py, MIN_TOP_P). The sweep sends every sampling field the
+token, and multinomial refuses the NaN left (engine/runtime/sampler.py, MIN_TOP_P). The sweep sends every sampling
+field the
 values that break numeric code (subnormals, the largest double, integers past 64 bits, NaN and Infinity) and
 accepts only a 200 or a 400 naming the field.
 """
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from engine.errors import EngineRequestError
-from engine.sampler import MIN_TOP_P, Sampler, SamplingParams
+from engine.runtime.sampler import MIN_TOP_P, Sampler, SamplingParams
 
 EDGES = ["5e-324", "1e-320", "2.2250738585072014e-308", "1e-300", "1e-40", "1e-38", "1e308", "-0.0",
          "1.7976931348623157e308", "18446744073709551616", "9223372036854775808", "-9223372036854775809",
@@ -27,7 +28,8 @@ def _post(engine, raw: str):
 
 @pytest.mark.parametrize("top_p", ["5e-324", "1e-320", "2.2250738585072014e-308", "1e-300", "1e-40"])
 def test_a_top_p_below_float32s_smallest_normal_is_400_naming_top_p(engine, top_p):
-    """Pins MIN_TOP_P (engine/sampler.py, issue 30 item 8): without it these reach the sampler, and the reply is a 500
+    """Pins MIN_TOP_P (engine/runtime/sampler.py, issue 30 item 8): without it these reach the sampler, and the reply
+    is a 500
     'probability tensor contains either inf, nan or element < 0' (1e-40 survives by luck, as a float32 subnormal)."""
     reply = _post(engine, f'{{"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0.7, "top_p": {top_p}}}')
     assert reply.status_code == 400, reply.text

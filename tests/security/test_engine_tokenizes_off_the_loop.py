@@ -3,7 +3,7 @@ prompt is being tokenized, and the tokenizer lets other threads run while it wor
 
 A 7.9 MB prompt froze /healthz, /control/state and every stream for 7 s: the tokenizer ran on a worker thread, but
 `Tokenizer.encode` holds the GIL throughout, and chat templating ran on the event loop. Now the whole of it runs on a
-worker thread (engine/service.py, _Service._tokenized) through `encode_batch`, which releases the GIL.
+worker thread (engine/serve/http.py, _Service._tokenized) through `encode_batch`, which releases the GIL.
 
 The first test holds the checkpoint's real tokenizer (tests/security/held_tokenizer.py) until /healthz and
 /control/state have answered, so it needs no timing: were the work on the event loop, neither could answer until
@@ -19,9 +19,9 @@ import pytest
 from held_tokenizer import HeldTokenizer
 from starlette.testclient import TestClient
 
-from engine.access import Credentials
-from engine.service import build_app
-from engine.text import CheckpointText
+from engine.runtime.text import CheckpointText
+from engine.serve.access import Credentials
+from engine.serve.http import build_app
 from solvers.attestation import bearer_token
 
 CREDENTIALS = Credentials(control_token="control-token-for-tests")

@@ -1,4 +1,4 @@
-"""`make run`'s private Redis (console/run_redis.py) asks for a password, new on each run: a client without it is
+"""`make run`'s private Redis (launch/local_redis.py) asks for a password, new on each run: a client without it is
 refused, the URL the stack's processes get works, and the password is neither on the server's command line (which
 any local account can read) nor in what is printed; its configuration file is private. Pins the Redis half of
 issue 30, item 2."""
@@ -13,8 +13,8 @@ import psutil
 import pytest
 import redis
 
-from console.run_redis import find_or_start_redis, free_port
-from console.run_supervisor import Supervisor
+from launch.local_redis import find_or_start_redis, free_port
+from launch.supervisor import Supervisor
 
 
 @pytest.fixture

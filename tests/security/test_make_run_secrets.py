@@ -1,11 +1,11 @@
-"""`make run`'s secrets (console/run_secrets.py): engine credentials new on each run, the Django and audit keys
+"""`make run`'s secrets (launch/stack_secrets.py): engine credentials new on each run, the Django and audit keys
 generated once into files only their owner can read, anything already set in the environment kept."""
 
 from __future__ import annotations
 
 import stat
 
-from console.run_secrets import stack_secrets
+from launch.stack_secrets import stack_secrets
 from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 GENERATED_PER_RUN = (CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV)

@@ -1,4 +1,4 @@
-"""A real `make run` stack (`python -m console.run`) with nothing set but what a newcomer has, started over a var
+"""A real `make run` stack (`python -m launch`) with nothing set but what a newcomer has, started over a var
 folder and a database that an older run left readable to others: every file it holds is then private (0600 in 0700
 folders); each process has only the secrets it uses, none printed; the console serves with DEBUG off, its static
 files still served. Pins issue 30, items 2 (private files, umask) and 8 (key distribution, DEBUG off)."""
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 SECRETS = {CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV, "SEAM_SECRET_KEY", "SEAM_AUDIT_KEY"}
 PROCESSES = {"engine": ("engine", "serve"), "bridge": ("telemetry_bridge",), "worker": ("celery", "worker"),
              "beat": ("celery", "beat"), "web": ("daphne",)}
-# Written out here, not read from console/run_secrets.py, so a wider table fails this test.
+# Written out here, not read from launch/stack_secrets.py, so a wider table fails this test.
 EXPECTED = {"engine": {CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV},
             "worker": SECRETS,
             "web": {"SEAM_SECRET_KEY", "SEAM_AUDIT_KEY", CONTROL_TOKEN_ENV},

@@ -53,7 +53,7 @@ def redis_client(live_settings):
 
 
 def publish(client: redis.Redis, channel: str, seq: int, **extra) -> dict:
-    """Store and publish one snapshot the way engine/telemetry.py does (store first, then publish)."""
+    """Store and publish one snapshot the way engine/telemetry/publisher.py does (store first, then publish)."""
     snapshot = {"seq": seq, "ts": 1000.0 + seq, "ranks": [], "engine": {"phase": "serving"}, **extra}
     payload = json.dumps(snapshot)
     latest, recent = telemetry_keys(channel)

@@ -6,7 +6,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from live_helpers import TIMEOUT_S, live_socket, login_headers, publish, request, run, subscribe
 
-import engine.telemetry
+import engine.telemetry.publisher
 from console.live import bridge as live_bridge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,7 +70,7 @@ def test_gap_fetch_of_an_unknown_channel_is_empty(live_settings, make_user):
 def test_key_names_match_the_engine(live_settings, redis_client):
     """The console repeats the engine's two key names instead of importing it; this keeps them in step."""
     channel = live_settings.TELEMETRY_CHANNEL
-    assert live_bridge.telemetry_keys(channel) == engine.telemetry.keys(channel)
+    assert live_bridge.telemetry_keys(channel) == engine.telemetry.publisher.keys(channel)
     for seq in (5, 6, 7):
         publish(redis_client, channel, seq=seq)
 
@@ -81,4 +81,4 @@ def test_key_names_match_the_engine(live_settings, redis_client):
         finally:
             await client.aclose()
 
-    assert async_to_sync(ours)() == engine.telemetry.recent_since(redis_client, channel, 5)
+    assert async_to_sync(ours)() == engine.telemetry.publisher.recent_since(redis_client, channel, 5)

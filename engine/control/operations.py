@@ -1,0 +1,289 @@
+"""Live reconfiguration: plan -> validate -> pause at a step boundary -> drain -> act -> verify -> resume,
+or restore the previous layout, verify it, and report `rolled_back` with both figures (docs/domain.md §10).
+
+Operations run on the engine loop's thread between steps, one at a time. In-flight requests are
+preempted and requeued (recompute), never dropped; greedy outputs are the same as without the change.
+A failed step is recovered the same way, as a `recovery` operation (engine/control/recovery.py restores the layout,
+engine/control/health.py caps a loop of them). The newest KEEP_FINISHED finished operations are kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.control.protocol import ApplyRefused
+from engine.control.recovery import restore, trial_step, verify
+from engine.errors import EngineError
+from solvers.errors import SolverError
+from solvers.ladder import switch_cost_s
+from solvers.plans import build_plan, parse_plan_request, verify_plan
+from solvers.serving import ServingShape
+
+if TYPE_CHECKING:
+    from engine.control.driver import PipelineDriver
+    from engine.runtime.scheduler import Batch
+
+log = logging.getLogger("seam.engine")
+KEEP_FINISHED = 256  # finished operations kept for GET /control/operations; queued and running ones always are
+PROGRESS = {"queued": 0.0, "pausing": 0.1, "draining": 0.2, "acting": 0.4, "verifying": 0.8, "rolling_back": 0.9,
+            "done": 1.0}
+
+
+@dataclass
+class Operation:
+    id: str
+    kind: str
+    target: dict
+    plan_hash: str
+    status: str = "queued"  # queued | running | succeeded | failed | rolled_back
+    phase: str = "queued"
+    predicted: dict | None = None
+    measured: dict | None = None
+    previous: dict | None = None  # the layout restored by a rollback, as measured after restoring it
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    job_id: int | None = None  # the console job whose attested review let the plan through
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+    @property
+    def progress(self) -> float:
+        return PROGRESS.get(self.phase, 0.0)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "kind": self.kind, "target": self.target, "plan_hash": self.plan_hash,
+                "status": self.status, "phase": self.phase, "progress": self.progress, "predicted": self.predicted,
+                "measured": self.measured, "previous": self.previous, "error": self.error, "notes": self.notes,
+                "job_id": self.job_id, "started": self.started, "finished": self.finished}
+
+
+def figures(pool_tokens: int | None, binding_rank: int | None, ranks: list[dict]) -> dict:
+    return {"pool_tokens": pool_tokens, "binding_rank": binding_rank, "ranks": ranks}
+
+
+def measured_figures(measured: list[dict]) -> dict:
+    """The pool a pipeline really holds is the smallest pool among ranks that hold attention layers."""
+    holding = [m for m in measured if m["attention_layers"]]
+    binder = min(holding, key=lambda m: (m["kv_pool_tokens"], m["rank"])) if holding else None
+    result = figures(binder["kv_pool_tokens"] if binder else None, binder["rank"] if binder else None, measured)
+    switches = [m["switch_s"] for m in measured if m.get("switch_s") is not None]
+    if switches:
+        result["switch_s"] = max(switches)  # ranks refill in parallel: the slowest sets the switch time
+    return result
+
+
+def host_ram_available() -> int | None:
+    """MemAvailable from /proc/meminfo, or None when it cannot be read (the check then stands down)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class Operations:
+    def __init__(self, driver: PipelineDriver):
+        self.driver = driver
+        self.items: dict[str, Operation] = {}
+        self.queue: deque[tuple[Operation, tuple[int, ...], ServingShape]] = deque()
+        self.counter = itertools.count(1)
+
+    # --- the control API -------------------------------------------------------------------------
+    def plan(self, body: dict) -> dict:
+        driver = self.driver
+        request = parse_plan_request(body, driver.rig.size, driver.config.num_layers)
+        self._target(request)  # a kind this engine cannot apply is refused now, not after a review
+        return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
+
+    def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:
+        driver = self.driver
+        try:
+            verify_plan(plan, plan_hash)
+            request = parse_plan_request({key: plan.get(key) for key in ("kind", "target", "incumbent_fingerprint")},
+                                         driver.rig.size, driver.config.num_layers)
+        except SolverError as error:
+            raise ApplyRefused(400, str(error)) from error
+        with driver.lock:
+            if driver.phase == "broken":
+                raise ApplyRefused(409, "the engine could not restore a verified layout after a failure: restart it")
+            if self.queue or driver.phase != "serving":
+                raise ApplyRefused(409, "another operation is in progress; operations run one at a time")
+            current = driver.fingerprint()
+            if request.incumbent_fingerprint != current:
+                raise ApplyRefused(409, f"the plan was made for layout {request.incumbent_fingerprint}; the engine "
+                                        f"now runs {current}: plan again")
+            try:
+                fresh = build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
+            except SolverError as error:
+                raise ApplyRefused(422, str(error)) from error
+            if not fresh["feasible"]:
+                raise ApplyRefused(422, "the plan is infeasible: " + "; ".join(fresh["reasons"]))
+            cut, shape = self._target(request)
+            op = Operation(f"op-{next(self.counter)}-{uuid.uuid4().hex[:8]}", request.kind, request.target,
+                           plan_hash.lower(), job_id=job_id)
+            self.record(op)
+            self.queue.append((op, cut, shape))
+        driver.wake.set()
+        return op.id
+
+    def _target(self, request) -> tuple[tuple[int, ...], ServingShape]:
+        driver = self.driver
+        if request.kind == "shape":
+            return driver.cut, ServingShape.from_dict({**driver.shape.to_dict(), **request.target})
+        if request.kind == "cut" and not driver.rungs:
+            return tuple(request.target["cut"]), driver.shape
+        if request.kind == "cut":
+            raise ApplyRefused(422, "a ladder is armed: move between its rungs with a ladder plan")
+        if not driver.rungs:
+            raise ApplyRefused(422, "no layout ladder is armed on this engine: start it with --ladder to move on one")
+        return tuple(request.target["rung"]), driver.shape
+
+    def get(self, operation_id: str) -> dict | None:
+        op = self.items.get(operation_id)
+        return None if op is None else op.to_dict()
+
+    def list(self) -> list[dict]:
+        return [op.to_dict() for op in self._held()]
+
+    def find(self, plan_hash: str) -> list[dict]:
+        """The operations started for `plan_hash`, oldest first: how a console that lost an operation id finds it."""
+        return [op.to_dict() for op in self._held() if op.plan_hash == plan_hash.lower()]
+
+    def _held(self) -> list[Operation]:
+        with self.driver.lock:  # the engine loop adds and prunes records meanwhile
+            return list(self.items.values())
+
+    def record(self, op: Operation) -> None:
+        """Hold `op`; beyond KEEP_FINISHED finished operations the oldest go (a failure loop once piled up 2,059)."""
+        with self.driver.lock:
+            self.items[op.id] = op
+            finished = [key for key, held in self.items.items() if held.status not in ("queued", "running")]
+            for key in finished[:-KEEP_FINISHED]:
+                del self.items[key]
+
+    def pending(self) -> bool:
+        return bool(self.queue)
+
+    # --- executing, on the engine loop's thread --------------------------------------------------
+    def run_next(self) -> None:
+        op, cut, shape = self.queue.popleft()
+        driver = self.driver
+        old_cut, old_shape = driver.cut, driver.shape
+        op.status = "running"
+        try:
+            self._phase(op, "pausing")  # the loop is between steps: nothing is mid-flight now
+            self._phase(op, "draining")
+            with driver.lock:
+                for seq in reversed(list(driver.scheduler.running)):
+                    driver.scheduler.preempt(seq)  # requeued in order; recomputed after the change
+            prediction, layouts = driver.layouts(cut, shape)
+            op.predicted = figures(prediction.pool_tokens, prediction.binding_rank, prediction.table())
+            ladder = driver.ladder(shape)
+            if ladder is not None:
+                op.predicted["switch_cost_s"] = switch_cost_s(ladder, cut)
+            self._check_host_ram(op, cut)
+            self._phase(op, "acting")
+            measured = driver.ranks.call_all("build", layouts)
+            op.measured = measured_figures(measured)
+            self._phase(op, "verifying")
+            problems = verify(prediction, measured)
+            if problems:
+                raise EngineError("verification missed the prediction: " + "; ".join(problems))
+            with driver.lock:
+                driver.measured = measured
+                driver._install(cut, shape, prediction)
+            trial_step(driver)  # the new layout computes, through every rank
+            op.status = "succeeded"
+        except Exception as error:  # any failure restores the previous layout; none may end the loop
+            op.error = f"{type(error).__name__}: {error}" if not isinstance(error, EngineError | SolverError) \
+                else str(error)
+            log.warning("operation %s: %s; restoring %s", op.id, error, list(old_cut))
+            try:
+                self._restore(op, old_cut, old_shape, restart=getattr(error, "restart", False))
+            except Exception:
+                log.exception("operation %s: restoring %s failed; the engine is broken", op.id, list(old_cut))
+        finally:
+            op.phase, op.finished = "done", time.time()
+            if driver.phase != "broken":
+                driver.phase = "serving"
+            driver.wake.set()
+
+    def _phase(self, op: Operation, phase: str) -> None:
+        op.phase = self.driver.phase = phase
+
+    def _check_host_ram(self, op: Operation, cut: tuple[int, ...]) -> None:
+        driver = self.driver
+        gained = 0
+        for rank in range(driver.rig.size):
+            new = set(range(sum(cut[:rank]), sum(cut[:rank + 1])))
+            old = set(range(sum(driver.cut[:rank]), sum(driver.cut[:rank + 1])))
+            gained += sum(driver.image.layer_bytes(range(i, i + 1)) for i in new - old)
+        available = host_ram_available()
+        if available is None:
+            op.notes.append("host RAM could not be read (/proc/meminfo): the host RAM check stood down")
+        elif gained > available:
+            raise EngineError(f"host RAM check: the ranks would copy {gained} B of layers from the host image but "
+                              f"only {available} B are available")
+        else:
+            op.notes.append(f"host RAM check: {gained} B to copy, {available} B available")
+
+    def _restore(self, op: Operation, cut: tuple[int, ...], shape: ServingShape, restart: bool = False) -> None:
+        """Back to the previous verified layout; `rolled_back` only if it verifies and steps again, else `failed`
+        and the engine is broken. A dead or stalled rank, or a failed transfer, breaks the whole process group:
+        then (`restart`) every rank process is replaced first."""
+        driver = self.driver
+        self._phase(op, "rolling_back")
+        restarts = driver.ranks.restarts
+        try:
+            op.previous = measured_figures(restore(driver, cut, shape, restart))
+            op.status = "rolled_back" if op.predicted is not None else "failed"
+        except Exception as error:
+            op.status = "failed"
+            op.error = f"{op.error}; restoring the previous layout failed too: {error}"
+            driver.step_health.broken_reason = op.error
+            driver.phase = "broken"
+            driver.refuse_all("the engine could not restore a verified layout after a failure")
+            raise
+        finally:
+            if driver.ranks.restarts > restarts:
+                op.notes.append("every rank process was replaced: the process group could not be trusted")
+
+    def recover(self, error: Exception, batch: Batch) -> None:
+        """A step failed (a rank died, stalled or erred): requeue its requests and restore the current layout.
+
+        When steps have failed MAX_RECOVERIES_IN_A_ROW times with none succeeding between (engine/control/health.py),
+        the
+        failing batch's requests are refused, saying why, instead of requeued: no request can loop the engine."""
+        driver = self.driver
+        looping = driver.step_health.step_failed(error)
+        restart = getattr(error, "restart", False)
+        op = Operation(f"recovery-{next(self.counter)}", "recovery", {"cut": list(driver.cut)}, "", "running")
+        op.error = str(error)
+        with driver.lock:
+            if looping:
+                refused = [seq for seq in batch.seqs if seq in driver.scheduler.running]
+                for seq in refused:
+                    driver._fail(seq, f"the engine failed {driver.step_health.recoveries_in_a_row} steps in a row, "
+                                      f"the last with this request; it is refused rather than retried: {error}")
+                op.notes.append(f"a recovery loop: {len(refused)} requests of the failing batch were refused")
+            for seq in reversed(list(driver.scheduler.running)):
+                driver.scheduler.preempt(seq)
+        self.record(op)
+        try:
+            self._restore(op, driver.cut, driver.shape, restart=restart)
+            op.status = "succeeded"  # the running layout was restored, verified and stepped again
+        except Exception:
+            log.exception("recovery failed; the engine is broken")
+        finally:
+            op.phase, op.finished = "done", time.time()
+            if driver.phase != "broken":
+                driver.phase = "serving"
