@@ -30,11 +30,7 @@ import httpx
 import psutil
 
 from benchmarks.rig_load import Load
-from engine.config import ModelConfig
-from engine.control.protocol import RequestHandle
-from engine.errors import EngineRequestError
-from engine.runtime.sampler import SamplingParams
-from solvers.attestation import (
+from contracts.attestation import (
     API_KEY_ENV,
     APPROVAL_KEY_ENV,
     CONTROL_TOKEN_ENV,
@@ -42,6 +38,10 @@ from solvers.attestation import (
     bearer_token,
     sign_attestation,
 )
+from engine.config import ModelConfig
+from engine.control.protocol import RequestHandle
+from engine.errors import EngineRequestError
+from engine.runtime.sampler import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("seam.multi_gpu")

@@ -83,16 +83,16 @@ def refused_by_engine(driver: PipelineDriver, cuts: list[list[int]], out: list) 
     for cut in cuts:
         planner = CutPricer(driver.census, driver.rig, driver.shape).price(cut)
         planned = driver.plan({"kind": "cut", "target": {"cut": cut}, "incumbent_fingerprint": driver.fingerprint()})
-        row = {"cut": cut, "planner_reasons": list(planner.reasons), "plan_feasible": planned["feasible"],
-               "plan_reasons": planned["reasons"]}
+        row = {"cut": cut, "planner_reasons": list(planner.reasons), "plan_feasible": planned.feasible,
+               "plan_reasons": list(planned.reasons)}
         out.append(row)
         try:
-            driver.apply(planned["plan"], planned["plan_hash"])
+            driver.apply(planned.plan.to_dict(), planned.plan_hash)
             row["apply"] = {"refused": False}
         except ApplyRefused as error:
             row["apply"] = {"refused": True, "status": error.status, "message": str(error)}
-        engine_text = " ".join(planned["reasons"]) + " " + row["apply"].get("message", "")
-        row["agree"] = (not planned["feasible"] and row["apply"]["refused"] and bool(planner.reasons)
+        engine_text = " ".join(planned.reasons) + " " + row["apply"].get("message", "")
+        row["agree"] = (not planned.feasible and row["apply"]["refused"] and bool(planner.reasons)
                         and all(reason in engine_text for reason in planner.reasons))
 
 
@@ -101,15 +101,15 @@ def change(driver: PipelineDriver, kind: str, target: dict, load: Load | None, b
     ranks allocated; the requests in flight when it was applied are listed for the final account."""
     before = driver.prediction
     planned = driver.plan({"kind": kind, "target": target, "incumbent_fingerprint": driver.fingerprint()})
-    out.update(kind=kind, target=target, feasible=planned["feasible"], plan_reasons=planned["reasons"])
-    if not planned["feasible"]:
+    out.update(kind=kind, target=target, feasible=planned.feasible, plan_reasons=list(planned.reasons))
+    if not planned.feasible:
         return
     if load is not None:
         out["streaming_at_apply"] = load.streaming(timeout=min(60.0, budget_s / 3))
         out["in_flight_at_apply"] = load.in_flight()
     preempted = driver.scheduler.preemptions
     started = time.perf_counter()
-    op_id = driver.apply(planned["plan"], planned["plan_hash"])
+    op_id = driver.apply(planned.plan.to_dict(), planned.plan_hash)
     out["operation_id"] = op_id
     deadline = time.monotonic() + budget_s
     while (op := driver.operation(op_id))["phase"] != "done" or driver.phase not in ("serving", "broken"):

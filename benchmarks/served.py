@@ -30,11 +30,11 @@ from benchmarks.multi_gpu_service import (
     stream_body,
     take_event,
 )
+from contracts.attestation import bearer_token
+from contracts.measurement import LayoutMeasurement
 from engine.bench_sweep import prompts_for, serving_shape
 from engine.config import ModelConfig
 from engine.runtime.sampler import SamplingParams
-from solvers.attestation import bearer_token
-from solvers.measurement import LayoutMeasurement
 from solvers.rig import load_rig
 
 ANSWER_S = 600.0

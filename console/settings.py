@@ -11,7 +11,7 @@ import plotly
 
 from console.private_files import use_private_umask
 from console.stack import stack_names
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
+from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Every console process (manage.py, Celery, daphne, WSGI) reads these settings before it creates a file: the
@@ -114,7 +114,7 @@ TELEMETRY_CHANNEL = STACK_NAMES.telemetry_channel
 SEAM_REQUIRED_APPROVALS = int(os.environ.get("SEAM_REQUIRED_APPROVALS", "1"))
 SEAM_APPROVAL_TTL_S = int(os.environ.get("SEAM_APPROVAL_TTL_S", "3600"))
 
-# The engine's credentials (solvers/attestation.py; docs/console.md, "Trust model"): the control token every call to
+# The engine's credentials (contracts/attestation.py; docs/console.md, "Trust model"): the control token every call to
 # the engine's /control/* carries, and the key the worker signs each job's approval attestation with, without which
 # the engine applies nothing. `make run` generates both per run and hands them to the engine as well.
 SEAM_ENGINE_TOKEN = os.environ.get(CONTROL_TOKEN_ENV, "")

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from contracts.errors import ContractError
 from engine.errors import EngineError
 from solvers.errors import SolverError
 
@@ -183,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         data, text = args.handler(args)
-    except (EngineError, SolverError, OSError) as error:
+    except (EngineError, ContractError, SolverError, OSError) as error:
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
     try:

@@ -15,7 +15,7 @@ import threading
 
 import httpx
 
-from solvers.attestation import API_KEY_ENV, bearer_token
+from contracts.attestation import API_KEY_ENV, bearer_token
 
 __all__ = ["DemoTraffic"]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token
-from solvers.errors import SolverError
-from solvers.timing import parse_cut
+from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token
+from contracts.errors import ContractError
+from contracts.layout import Cut
 
 __all__ = ["check_external_engine", "checked_ladder", "demo_engine_command"]
 
@@ -22,10 +22,10 @@ def checked_ladder(ladder: str) -> str:
     """`ladder` as `engine serve --ladder` takes it (cuts separated by ';'), or SystemExit naming what is wrong.
     Whether each rung fits the rig, and that the serving cut is one, is the engine's to say when it starts."""
     try:
-        rungs = [parse_cut(rung.strip()) for rung in ladder.split(";")]
-    except SolverError as error:
+        rungs = [Cut.from_text(rung.strip()) for rung in ladder.split(";")]
+    except ContractError as error:
         sys.exit(f"--ladder {ladder!r}: {error}; a ladder is cuts separated by ';', e.g. '7,5,4;8,4,4'")
-    return ";".join(",".join(map(str, rung)) for rung in rungs)
+    return ";".join(rung.to_text() for rung in rungs)
 
 
 def demo_engine_command(python: str, checkpoint: Path, port: int, channel: str, ladder: str | None,

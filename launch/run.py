@@ -26,12 +26,12 @@ from pathlib import Path
 
 from console.private_files import make_private, use_private_umask
 from console.stack import ENGINE_DEFAULT_TELEMETRY_CHANNEL, STACK_ENV, default_stack_key, stack_names
+from contracts.attestation import API_KEY_ENV
 from launch.demo_traffic import DemoTraffic
 from launch.engine import ENGINE_URL_ENV, check_external_engine, checked_ladder, demo_engine_command
 from launch.local_redis import find_or_start_redis, shown_url
 from launch.stack_secrets import process_env, stack_secrets
 from launch.supervisor import Supervisor
-from solvers.attestation import API_KEY_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_USERS = {"operator": "operator", "reviewer": "reviewer", "viewer": "viewer"}  # username -> role

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
+from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 __all__ = ["PERSISTENT_SECRETS", "SECRETS", "SECRETS_BY_PROCESS", "persistent_secret", "process_env",
            "stack_secrets"]

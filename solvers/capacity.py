@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
+from contracts.layout import ServingShape
 from solvers.census import ModelCensus
 from solvers.dtypes import width
 from solvers.errors import SolverError
 from solvers.floors import ArmingFloor, arming_floor
 from solvers.rig import Rig
-from solvers.serving import ServingShape
 from solvers.units import format_bytes
 
 NO_BIND = 1 << 62  # allowed tokens of a rank with no attention layers: it never binds

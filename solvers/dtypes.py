@@ -1,20 +1,15 @@
-"""Byte widths of the dtypes a config or an operator may name."""
+"""Byte widths of the dtypes a config or an operator may name (the table is contracts/layout.py's DTYPE_WIDTHS)."""
 
+from contracts.errors import ContractError
+from contracts.layout import dtype_width
 from solvers.errors import SolverError
-
-_WIDTHS: dict[str, int] = {
-    "fp32": 4, "float32": 4, "float": 4,
-    "bf16": 2, "bfloat16": 2,
-    "fp16": 2, "float16": 2, "half": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
 
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
 
 
 def width(dtype: str) -> int:
-    """Bytes per element of `dtype` (fp32 4, bf16/fp16 2, fp8 1)."""
-    key = str(dtype).lower().removeprefix("torch.")
-    if key not in _WIDTHS:
-        raise SolverError(f"unknown dtype {dtype!r}; use one of: {', '.join(sorted(set(_WIDTHS)))}")
-    return _WIDTHS[key]
+    """Bytes per element of `dtype` (fp32 4, bf16/fp16 2, fp8 1); SolverError for a dtype the planner cannot price."""
+    try:
+        return dtype_width(dtype)
+    except ContractError as error:
+        raise SolverError(str(error)) from None

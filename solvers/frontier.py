@@ -14,12 +14,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from math import comb, isfinite
 
+from contracts.layout import ServingShape
 from solvers.capacity import CutPricer
 from solvers.census import ModelCensus
 from solvers.errors import SolverError
 from solvers.frontier_search import CutSearch, time_key
 from solvers.rig import Rig
-from solvers.serving import ServingShape
 from solvers.timing import TimingModel, calibrate
 
 DEFAULT_REFUSED_LIMIT = 200

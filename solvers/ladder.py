@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from contracts.layout import ServingShape
 from solvers.capacity import CutPricer, PoolResult, check_cut
 from solvers.census import ModelCensus
 from solvers.errors import SolverError
 from solvers.rig import Rig
-from solvers.serving import ServingShape
 from solvers.timing import TimingModel, calibrate
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import yaml
 
+from contracts.errors import ContractError
+from contracts.layout import ServingShape
 from solvers.errors import RigError, SolverError
 from solvers.rig_fields import FieldReader
-from solvers.serving import ServingShape
 from solvers.units import exact_size
 
 RIG_DIR = Path(__file__).resolve().parent / "rigs"
@@ -198,7 +199,7 @@ def rig_from_dict(data: Any, source: str = "<rig>", default_name: str = "rig") -
     )
     try:
         shape = ServingShape.from_dict(data.get("shape", {}))
-    except SolverError as error:
+    except ContractError as error:
         raise reader.error("", str(error)) from error
     noise_floor = data.get("noise_floor", DEFAULT_NOISE_FLOOR)
     if isinstance(noise_floor, bool) or not isinstance(noise_floor, int | float) or not 0 <= noise_floor < 1:

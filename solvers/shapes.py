@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from contracts.errors import ContractError
 from solvers.capacity import CutPricer, PoolResult
 from solvers.census import ModelCensus
 from solvers.errors import SolverError
@@ -170,8 +171,11 @@ def fit_on_rig(model: ModelCensus, rig: Rig, max_model_len: int, seqs: int, *, c
     if cut is None:
         cut, note = rig.incumbent_for(model.num_layers)
         notes += [note] if note else []
-    shape = replace(rig.shape, max_model_len=_positive("max_model_len", max_model_len),
-                    max_num_seqs=_positive("seqs", seqs), kv_dtype=kv_dtype or rig.shape.kv_dtype)
+    try:
+        shape = replace(rig.shape, max_model_len=_positive("max_model_len", max_model_len),
+                        max_num_seqs=_positive("seqs", seqs), kv_dtype=kv_dtype or rig.shape.kv_dtype)
+    except ContractError as error:  # an unknown dtype: bad input to the planner like any other
+        raise SolverError(str(error)) from None
     per_token = model.kv_bytes_per_token(shape.kv_dtype)
     if per_token == 0:
         raise SolverError(f"model {model.name!r} has no layer whose KV grows with tokens: its pool is not token-bound")

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contracts.layout import ServingShape
 from solvers.capacity import workspace_estimate
 from solvers.census import ModelCensus
 from solvers.errors import SolverError
 from solvers.floors import arming_floor
 from solvers.rig import Rig
-from solvers.serving import ServingShape
 
 
 @dataclass(frozen=True)

@@ -88,14 +88,3 @@ def calibrate(incumbent: Sequence[int], stage_ms: Sequence[float], fixed_ms: Seq
         raise SolverError(f"fixed_ms {list(fixed)}: each must be >= 0 and below its stage time {list(stage_ms)}")
     per_layer = tuple((ms - f) / layers for ms, f, layers in zip(stage_ms, fixed, incumbent, strict=True))
     return TimingModel(incumbent, per_layer, fixed, fixed_measured=fixed_ms is not None, noise_floor=noise_floor)
-
-
-def parse_cut(text: str) -> tuple[int, ...]:
-    """'28,20,16' -> (28, 20, 16), with a clear error for anything else."""
-    try:
-        cut = tuple(int(part) for part in text.split(","))
-    except ValueError as error:
-        raise SolverError(f"cut {text!r}: expected comma-separated layer counts such as 28,20,16") from error
-    if any(n < 1 for n in cut):
-        raise SolverError(f"cut {text!r}: every rank needs at least one layer")
-    return cut

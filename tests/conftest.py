@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
+from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 # The engine services, Celery workers and console stacks the tests start are children of this process: they read
 # the control token and approval key from here, so console and engine agree on them (launch/run.py generates

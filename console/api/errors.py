@@ -19,6 +19,7 @@ from console.api.parsers import BoundedJSONParser
 from console.api.schema import ConsoleAutoSchema
 from console.audit.request_id import current_request_id
 from console.jobs.errors import JobError
+from contracts.errors import ContractError
 from solvers.errors import SolverError
 
 __all__ = ["ApiErrors", "exception_handler"]
@@ -34,8 +35,9 @@ def exception_handler(exc, context):
         if getattr(exc, "reasons", None):
             data["reasons"] = list(exc.reasons)
         return Response(data, status=exc.status_code)
-    if isinstance(exc, SolverError):
-        return Response({"detail": str(exc), "code": "SolverError"}, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, ContractError | SolverError):  # bad input, named by a contract or by the planner
+        code = "ContractError" if isinstance(exc, ContractError) else "SolverError"
+        return Response({"detail": str(exc), "code": code}, status=status.HTTP_400_BAD_REQUEST)
     response = drf_exception_handler(exc, context)
     if response is not None:
         if isinstance(exc, ValidationError) and not (isinstance(response.data, dict) and "detail" in response.data):

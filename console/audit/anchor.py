@@ -35,7 +35,7 @@ from pathlib import Path
 from django.conf import settings
 
 from console.audit.chain import chain_key
-from solvers.plans import canonical_json
+from contracts.canonical import canonical_json
 
 __all__ = ["ROTATE_BYTES", "AnchorState", "Anchors", "Opening", "anchor_mac", "anchor_path", "append_anchor",
            "read_anchors", "reopen_anchor"]

@@ -1,7 +1,7 @@
 """What an audit event's hash covers and how it is made (docs/architecture.md §5).
 
 `hash = HMAC-SHA256(SEAM_AUDIT_KEY, prev_hash + canonical JSON of the event's content)`, with
-`solvers.plans.canonical_json` as the one canonical form. The key lives outside the database (settings,
+`contracts.canonical.canonical_json` as the one canonical form. The key lives outside the database (settings,
 from the environment), so someone who can write the database but lacks the key cannot rewrite an event
 and re-hash the rest of the chain: verify recomputes under the key and names the first row that does not
 match. Rows recorded before the chain was keyed carry `scheme = sha256` and hash without a key.
@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from console.audit.models import AuditEvent, ChainScheme
-from solvers.plans import canonical_json
+from contracts.canonical import canonical_json
 
 __all__ = ["CONTENT_FIELDS", "chain_key", "compute_hash", "event_content", "iso_timestamp"]
 

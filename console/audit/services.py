@@ -24,9 +24,9 @@ from console.audit.errors import AuditWriteRefused
 from console.audit.models import GENESIS_HASH, AuditChainLock, AuditEvent, ChainScheme
 from console.audit.request_id import current_request_id, is_sane_request_id
 from console.audit.verification import VerifyResult, verify_chain
-from solvers.attestation import AuditHead
-from solvers.errors import SolverError
-from solvers.plans import canonical_json
+from contracts.attestation import AuditHead
+from contracts.canonical import canonical_json
+from contracts.errors import ContractError
 
 __all__ = ["SYSTEM_ACTOR", "VerifyResult", "audit_head", "compute_hash", "event_content", "export_jsonl", "record",
            "verify_chain"]
@@ -114,7 +114,7 @@ def _as_stored(using: str, **values: Any) -> list[Any]:
             raise AuditWriteRefused(f"audit {name}: expected {kind}, got {type(value).__name__}")
         try:
             canonical_json(value)
-        except SolverError as error:
+        except ContractError as error:
             raise AuditWriteRefused(f"audit {name} has no canonical JSON form: {error}") from error
     text = canonical_json(list(values.values()))
     connection = connections[using]

@@ -20,7 +20,7 @@ from typing import Any
 from console.audit.anchor import Anchors, AnchorState, read_anchors
 from console.audit.chain import CONTENT_FIELDS, compute_hash, event_content
 from console.audit.models import GENESIS_HASH, AuditEvent, ChainScheme
-from solvers.errors import SolverError
+from contracts.errors import ContractError
 
 __all__ = ["VerifyResult", "Witness", "WitnessState", "WitnessUnavailable", "verify_chain"]
 
@@ -129,7 +129,7 @@ def _broken_link(row: dict[str, Any], expected: int, prev_hash: str, first_keyed
                 "scheme, to be re-hashed without the key")
     try:
         recomputed = compute_hash(prev_hash, event_content(row), scheme=scheme)
-    except SolverError as error:
+    except ContractError as error:
         return f"content cannot be hashed ({error})"
     if hmac.compare_digest(recomputed, row["hash"]):
         return None

@@ -24,8 +24,8 @@ from console.calibration import predictions
 from console.calibration.models import MeasuredLayout, MeasurementSource
 from console.jobs.engine_client import EngineClient, EngineError
 from console.jobs.models import Job
-from solvers.errors import SolverError
-from solvers.measurement import LayoutMeasurement
+from contracts.errors import ContractError
+from contracts.measurement import LayoutMeasurement
 
 __all__ = ["DEFAULT_MEASURE_S", "measure", "note_job_end", "record"]
 
@@ -45,7 +45,7 @@ def _parse(state: object, url: str) -> tuple[LayoutMeasurement | None, str]:
     else:
         try:
             return LayoutMeasurement.from_dict(state["measurement"]), ""
-        except SolverError as error:
+        except ContractError as error:
             why = str(error)
     log.warning("no measurement recorded from %s: %s", url, why)
     return None, why

@@ -23,11 +23,11 @@ from django.db.models import QuerySet
 
 from console.calibration.models import MeasuredLayout
 from console.jobs.engine_client import EngineClient, EngineError
+from contracts.errors import ContractError
+from contracts.layout import ServingShape
 from solvers.calibration import Sample
 from solvers.census import ModelCensus, load_census
-from solvers.errors import SolverError
 from solvers.rig import Rig, load_rig
-from solvers.serving import ServingShape
 
 __all__ = ["PER_LAYOUT", "RunningLayout", "engine_state", "fit_samples", "matching_measurements", "model_label",
            "newest_per_layout", "running_layout"]
@@ -90,7 +90,7 @@ def running_layout(census: ModelCensus | None = None, rig: Rig | None = None) ->
         if _is_cut_of(state.get("cut"), census, rig):
             try:
                 shape = ServingShape.from_dict(state.get("shape"), "engine state shape")
-            except (SolverError, TypeError) as error:
+            except (ContractError, TypeError) as error:
                 notes.append(f"the engine's shape is unreadable ({error}): the rig's default shape is used")
                 shape = None
             return RunningLayout(census, rig, tuple(state["cut"]), shape, ENGINE, state.get("model"),
@@ -102,7 +102,7 @@ def running_layout(census: ModelCensus | None = None, rig: Rig | None = None) ->
     if newest is not None:
         try:
             shape = ServingShape.from_dict(newest.shape, "measured shape")
-        except (SolverError, TypeError):
+        except (ContractError, TypeError):
             shape = None
         note = (f"the engine's running layout is not known ({why}): the incumbent is the newest measured layout "
                 f"{newest.cut}, measured {newest.measured_at:%Y-%m-%d %H:%M:%S} UTC")

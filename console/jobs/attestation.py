@@ -1,4 +1,4 @@
-"""The console's side of the approval attestation (solvers/attestation.py): what the worker sends beside a reviewed
+"""The console's side of the approval attestation (contracts/attestation.py): what the worker sends beside a reviewed
 plan so that the engine applies it.
 
 The engine applies a plan only with an attestation signed with the approval key, which only the console's processes
@@ -21,7 +21,7 @@ from console.jobs.roles import REVIEWER
 from console.jobs.services import required_approvals
 from console.jobs.transitions import subject_of
 from console.jobs.vouching import unvouched
-from solvers.attestation import APPROVAL_KEY_ENV, sign_attestation
+from contracts.attestation import APPROVAL_KEY_ENV, sign_attestation
 
 __all__ = ["APPROVAL_UNVERIFIED", "CannotAttest", "approvers_of", "attest"]
 

@@ -8,7 +8,7 @@
     GET  /control/operations/{id}           -> Operation
     GET  /control/audit-head?trail=         -> the audit head the engine witnessed of one trail, or None
 
-Every call carries the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`, solvers/attestation.py); an
+Every call carries the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`, contracts/attestation.py); an
 engine answers 401 without it. An apply also carries the job's approval attestation (console.jobs.attestation).
 
 A connection that cannot be made, or an answer that does not come in time, is EngineUnreachable (its
@@ -23,7 +23,7 @@ from typing import Any, NotRequired, TypedDict
 import httpx
 from django.conf import settings
 
-from solvers.attestation import CONTROL_TOKEN_ENV, bearer_token
+from contracts.attestation import CONTROL_TOKEN_ENV, bearer_token
 
 __all__ = ["EngineClient", "EngineError", "EngineRefused", "EngineState", "EngineUnreachable", "Operation",
            "PlanReply", "OPERATION_DONE"]

@@ -15,8 +15,8 @@ from console.jobs.choices import JobKind
 from console.jobs.engine_client import EngineClient, EngineError, EngineRefused, EngineUnreachable
 from console.jobs.errors import Conflict, EngineUnavailable, InvalidProposal, PlanInfeasible
 from console.jobs.shape_fit import advise_length
-from solvers.errors import SolverError
-from solvers.plans import verify_plan
+from contracts.errors import ContractError
+from contracts.plan import verify_plan
 
 __all__ = ["BODY_FIELDS", "parse_body", "plan"]
 
@@ -84,7 +84,7 @@ def plan(kind: str, target: dict, seen: str | None, client: EngineClient | None)
     plan, plan_hash = reply.get("plan"), reply.get("plan_hash")
     try:
         verify_plan(plan, plan_hash)
-    except SolverError as error:
+    except ContractError as error:
         raise EngineUnavailable(f"the engine's plan does not match its plan_hash: {error}") from error
     if plan.get("kind") != kind or plan.get("incumbent_fingerprint") != current:
         raise EngineUnavailable("the engine answered with a plan for another request "

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 
 from django.conf import settings
 
+from contracts.layout import ServingShape
 from solvers.census import load_census
 from solvers.errors import SolverError
 from solvers.rig import load_rig
-from solvers.serving import ServingShape
 from solvers.shapes import fit_on_rig, largest_max_model_len
 
 __all__ = ["LengthAdvice", "advise_length"]

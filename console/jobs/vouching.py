@@ -23,7 +23,7 @@ from console.audit.chain import compute_hash, event_content
 from console.audit.models import AuditEvent, ChainScheme
 from console.jobs.models import Approval
 from console.jobs.transitions import subject_of
-from solvers.errors import SolverError
+from contracts.errors import ContractError
 
 __all__ = ["APPROVAL_EVENT", "approval_binding", "unvouched"]
 
@@ -63,7 +63,7 @@ def _unkeyed(event: AuditEvent) -> str | None:
         return f"audit event #{event.seq} is not keyed (scheme {event.scheme}): anyone could have made it"
     try:
         recomputed = compute_hash(event.prev_hash, event_content(event))
-    except SolverError as error:
+    except ContractError as error:
         return f"audit event #{event.seq} cannot be hashed ({error})"
     if hmac.compare_digest(recomputed, event.hash):
         return None

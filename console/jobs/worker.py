@@ -54,8 +54,8 @@ from console.jobs.engine_client import (
 )
 from console.jobs.errors import JobError
 from console.jobs.models import Approval, Job
-from solvers.errors import SolverError
-from solvers.plans import verify_plan
+from contracts.errors import ContractError
+from contracts.plan import verify_plan
 
 __all__ = ["execute", "reconcile"]
 
@@ -128,7 +128,7 @@ def _reviewed_plan_refusal(job: Job) -> str | None:
     """Apply exactly what was reviewed: the stored plan must hash to its plan_hash, and be the approved one."""
     try:
         verify_plan(job.plan, job.plan_hash)
-    except SolverError as error:
+    except ContractError as error:
         return f"the stored plan is not the reviewed one ({error}); nothing was applied"
     if not Approval.objects.filter(job=job, plan_hash=job.plan_hash).exists():
         return f"no approval is bound to plan {job.plan_hash[:16]}; nothing was applied"

@@ -9,8 +9,8 @@ import redis
 from django.conf import settings
 
 from console.live.bridge import telemetry_keys
-from solvers.errors import SolverError
-from solvers.measurement import STEP_KINDS, LayoutMeasurement
+from contracts.errors import ContractError
+from contracts.measurement import STEP_KINDS, LayoutMeasurement
 
 __all__ = ["HISTORY", "Telemetry", "read_telemetry", "summary"]
 
@@ -72,14 +72,14 @@ def summary(snapshot: dict) -> dict:
 
 
 def measured(raw: object, rank_names: list[str]) -> dict:
-    """What the engine measured of its layout (engine.measurement, solvers/measurement.py): model, rig, each rank's
+    """What the engine measured of its layout (engine.measurement, contracts/measurement.py): model, rig, each rank's
     stage medians and spread per kind of step, and the latency medians. `stages` is empty while the window has no
     steps, `latency` None while no request has finished: the page says "not measured yet"."""
     if raw is None:
         return {"model": "", "rig": "", "stages": [], "latency": None, "measurement_error": None}
     try:
         measurement = LayoutMeasurement.from_dict(raw)
-    except SolverError as error:
+    except ContractError as error:
         return {"model": "", "rig": "", "stages": [], "latency": None, "measurement_error": str(error)}
     stages = []
     if any(measurement.stats(kind).steps for kind in STEP_KINDS):

@@ -1,7 +1,7 @@
 """The newest audit head each console trail's attestations carried, kept where the console's database writer cannot
 rewrite it (docs/console.md, "Trust model"; docs/engine.md).
 
-Every attestation carries the console's audit head when it was signed (solvers/attestation.py: `{trail, seq, hash}`,
+Every attestation carries the console's audit head when it was signed (contracts/attestation.py: `{trail, seq, hash}`,
 `trail` naming the console database by its first event's hash). The engine keeps, per trail, the newest head and
 when the attestation carrying it was issued, in `audit_heads.json` beside the spent-job ledger (0600 in the 0700
 state folder). An attestation of a trail is refused (409) when
@@ -22,10 +22,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from contracts.attestation import Attestation, AuditHead
 from engine.control.protocol import ApplyRefused
 from engine.control.state_files import private_folder, write_json
 from engine.errors import EngineError
-from solvers.attestation import Attestation, AuditHead
 
 __all__ = ["WITNESS_FILE", "AuditWitness"]
 

@@ -16,6 +16,8 @@ import uuid
 from collections import deque
 from pathlib import Path
 
+from contracts.layout import ServingShape, layout_fingerprint
+from contracts.plan import PlanReply
 from engine.config import ModelConfig
 from engine.control.health import StepHealth
 from engine.control.operations import Operations
@@ -37,7 +39,6 @@ from solvers.capacity import CutPricer, PoolResult
 from solvers.frontier import default_timing
 from solvers.ladder import Ladder, price_ladder
 from solvers.rig import Rig
-from solvers.serving import ServingShape
 
 log = logging.getLogger("seam.engine")
 
@@ -265,8 +266,6 @@ class PipelineDriver:
 
     # --- reading the engine ----------------------------------------------------------------------
     def fingerprint(self) -> str:
-        from solvers.plans import layout_fingerprint
-
         return layout_fingerprint(self.cut, self.shape)
 
     def state(self) -> dict:
@@ -285,7 +284,7 @@ class PipelineDriver:
                 self.last_seq = next(self.snapshot_seq)
             return build_snapshot(self, self.last_seq)
 
-    def plan(self, body: dict) -> dict:
+    def plan(self, body: dict) -> PlanReply:
         return self.ops.plan(body)
 
     def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:

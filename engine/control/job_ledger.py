@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from contracts.attestation import ATTESTATION_MAX_AGE_S, Attestation
 from engine.control.protocol import ApplyRefused
 from engine.control.state_files import private_folder, write_json
 from engine.errors import EngineError
-from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation
 
 __all__ = ["LEDGER_FILE", "STATE_DIR_ENV", "JobLedger", "default_state_dir"]
 

@@ -17,13 +17,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from contracts.errors import ContractError
+from contracts.layout import ServingShape
+from contracts.plan import PlanReply, PlanRequest, verify_plan
 from engine.control.protocol import ApplyRefused
 from engine.control.recovery import restore, trial_step, verify
 from engine.errors import EngineError
 from solvers.errors import SolverError
 from solvers.ladder import switch_cost_s
-from solvers.plans import build_plan, parse_plan_request, verify_plan
-from solvers.serving import ServingShape
+from solvers.plans import build_plan
 
 if TYPE_CHECKING:
     from engine.control.driver import PipelineDriver
@@ -98,9 +100,9 @@ class Operations:
         self.counter = itertools.count(1)
 
     # --- the control API -------------------------------------------------------------------------
-    def plan(self, body: dict) -> dict:
+    def plan(self, body: dict) -> PlanReply:
         driver = self.driver
-        request = parse_plan_request(body, driver.rig.size, driver.config.num_layers)
+        request = PlanRequest.from_dict(body, ranks=driver.rig.size, num_layers=driver.config.num_layers)
         self._target(request)  # a kind this engine cannot apply is refused now, not after a review
         return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
 
@@ -108,9 +110,9 @@ class Operations:
         driver = self.driver
         try:
             verify_plan(plan, plan_hash)
-            request = parse_plan_request({key: plan.get(key) for key in ("kind", "target", "incumbent_fingerprint")},
-                                         driver.rig.size, driver.config.num_layers)
-        except SolverError as error:
+            request = PlanRequest.from_dict({key: plan.get(key) for key in ("kind", "target", "incumbent_fingerprint")},
+                                            ranks=driver.rig.size, num_layers=driver.config.num_layers)
+        except ContractError as error:
             raise ApplyRefused(400, str(error)) from error
         with driver.lock:
             if driver.phase == "broken":
@@ -123,10 +125,10 @@ class Operations:
                                         f"now runs {current}: plan again")
             try:
                 fresh = build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
-            except SolverError as error:
+            except (ContractError, SolverError) as error:
                 raise ApplyRefused(422, str(error)) from error
-            if not fresh["feasible"]:
-                raise ApplyRefused(422, "the plan is infeasible: " + "; ".join(fresh["reasons"]))
+            if not fresh.feasible:
+                raise ApplyRefused(422, "the plan is infeasible: " + "; ".join(fresh.reasons))
             cut, shape = self._target(request)
             op = Operation(f"op-{next(self.counter)}-{uuid.uuid4().hex[:8]}", request.kind, request.target,
                            plan_hash.lower(), job_id=job_id)
@@ -204,8 +206,8 @@ class Operations:
             trial_step(driver)  # the new layout computes, through every rank
             op.status = "succeeded"
         except Exception as error:  # any failure restores the previous layout; none may end the loop
-            op.error = f"{type(error).__name__}: {error}" if not isinstance(error, EngineError | SolverError) \
-                else str(error)
+            named = isinstance(error, EngineError | SolverError | ContractError)  # their messages say what failed
+            op.error = str(error) if named else f"{type(error).__name__}: {error}"
             log.warning("operation %s: %s; restoring %s", op.id, error, list(old_cut))
             try:
                 self._restore(op, old_cut, old_shape, restart=getattr(error, "restart", False))

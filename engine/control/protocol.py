@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from contracts.plan import PlanReply
 from engine.runtime.sampler import SamplingParams
 
 
@@ -84,13 +85,14 @@ class Driver(Protocol):
 
     def state(self) -> dict[str, Any]:
         """GET /control/state: {model, rig, boot_id, fingerprint, cut, shape, phase, ranks: [...], ladder: {...},
-        measurement: {...} (solvers.measurement.LayoutMeasurement.to_dict)}."""
+        measurement: {...} (contracts.measurement.LayoutMeasurement.to_dict)}."""
         ...
 
-    def plan(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST /control/plan: {plan, plan_hash, feasible, reasons}; changes nothing.
+    def plan(self, body: dict[str, Any]) -> PlanReply:
+        """POST /control/plan: the plan, its hash, whether it is feasible and why not; changes nothing.
 
-        Raises solvers.errors.SolverError for a malformed body (the service answers 400)."""
+        Raises ContractError for a malformed body, SolverError for one the planner cannot price (the service answers
+        400 to either)."""
         ...
 
     def apply(self, plan: dict[str, Any], plan_hash: str, job_id: int | None = None) -> str:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from contracts.layout import ServingShape
 from engine.errors import EngineError
 from engine.step_plan import StepPlan
 from solvers.capacity import PoolResult
-from solvers.serving import ServingShape
 
 if TYPE_CHECKING:
     from engine.control.driver import PipelineDriver

@@ -1,15 +1,16 @@
 """What the driver shows of itself: the telemetry snapshot in the schema of docs/architecture.md §3.4 (per rank
 memory and pools, engine state and health) and GET /control/state; both carry the measurement of the running layout
-(its shape is solvers/measurement.py's)."""
+(its shape is contracts/measurement.py's)."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
+from contracts.layout import Cut
+from contracts.measurement import LayoutMeasurement, PoolFigures
 from engine.control.operations import measured_figures
 from solvers.ladder import switch_cost_s
-from solvers.measurement import LayoutMeasurement, PoolFigures
 
 if TYPE_CHECKING:
     from engine.control.driver import PipelineDriver
@@ -34,7 +35,7 @@ def build_measurement(driver: PipelineDriver) -> LayoutMeasurement:
     # `real` is what the scheduler hands out: whole blocks of the pool; without attention nothing grows with tokens.
     real = driver.scheduler.blocks.capacity_tokens if driver.census.attention_layers else None
     return LayoutMeasurement(
-        model=driver.model_name, rig=driver.rig.name, fingerprint=driver.fingerprint(), cut=tuple(driver.cut),
+        model=driver.model_name, rig=driver.rig.name, fingerprint=driver.fingerprint(), cut=Cut(tuple(driver.cut)),
         shape=driver.shape.to_dict(), decode=stages["decode"], prefill=stages["prefill"],
         decode_tok_s=round(decode_rate, 3), prefill_tok_s=round(prefill_rate, 3),
         pool=PoolFigures(predicted=driver.prediction.pool_tokens,

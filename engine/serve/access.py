@@ -3,7 +3,7 @@
 - /control/* needs the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`). An engine started without
   one keeps its control API closed: an open one would let anyone who reaches the port change the layout.
 - /control/apply needs, beside the token, the console's attestation of the plan's review, checked with the
-  approval key (solvers/attestation.py); each job's attestation starts one operation, once, even across restarts
+  approval key (contracts/attestation.py); each job's attestation starts one operation, once, even across restarts
   (engine/control/job_ledger.py).
 - /v1/* needs the API key only where one is set (as vLLM's --api-key).
 - /healthz and /metrics stay open: liveness probes and Prometheus scrapers carry no secrets, and neither
@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, Attestation, verify_attestation
+from contracts.errors import ContractError
 from engine.control.protocol import ApplyRefused
 from engine.errors import EngineError
-from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, Attestation, verify_attestation
-from solvers.errors import SolverError
 
 __all__ = ["Credentials", "Unauthorized", "attested", "exposure_notices", "is_loopback", "require_api_key",
            "require_control_token"]
@@ -93,7 +93,7 @@ def attested(credentials: Credentials, attestation: Any, plan_hash: str, now: fl
                                 f"set {APPROVAL_KEY_ENV}")
     try:
         return verify_attestation(credentials.approval_key, attestation, plan_hash, now)
-    except SolverError as error:
+    except ContractError as error:
         raise ApplyRefused(403, f"apply refused: {error}") from None
 
 

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from contracts.errors import ContractError
 from engine.control.audit_witness import AuditWitness
 from engine.control.job_ledger import JobLedger
 from engine.control.protocol import ApplyRefused, Driver, RequestHandle
@@ -82,7 +83,7 @@ def _guarded(handler: Handler, gate: Gate) -> Handler:
             return _error(request, error.status, error.message, error.param)
         except ApplyRefused as error:
             return _error(request, error.status, str(error))
-        except (EngineRequestError, SolverError) as error:
+        except (EngineRequestError, ContractError, SolverError) as error:
             return _error(request, 400, str(error))
         except Exception as error:
             log.exception("%s %s failed", request.method, request.url.path)
@@ -229,7 +230,8 @@ class _Service:
         return JSONResponse(await self._control(self.driver.state))
 
     async def plan(self, request: Request) -> Response:
-        return JSONResponse(await self._control(self.driver.plan, await self._control_body(request)))
+        reply = await self._control(self.driver.plan, await self._control_body(request))
+        return JSONResponse(reply.to_dict())
 
     async def apply(self, request: Request) -> Response:
         body = await self._control_body(request)

@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+from contracts.layout import Cut
 from engine.control.audit_witness import AuditWitness
 from engine.control.driver import PipelineDriver
 from engine.control.job_ledger import JobLedger, default_state_dir
@@ -15,7 +16,6 @@ from engine.serve.access import Credentials, exposure_notices
 from engine.serve.cross_site import AllowedHosts
 from engine.serve.json_body import max_body_bytes
 from solvers.rig import load_rig
-from solvers.timing import parse_cut
 
 log = logging.getLogger("seam.engine")
 
@@ -36,8 +36,8 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     witness = AuditWitness(state)  # as the ledger: unreadable refuses the start
     print(f"seam engine: spent-job ledger {jobs.path} (a captured apply never replays, restarts included); "
           f"witnessed audit heads {witness.path}", flush=True)
-    rungs = [parse_cut(rung) for rung in ladder.split(";")] if ladder else None
-    driver = PipelineDriver(checkpoint, load_rig(rig), parse_cut(cut) if cut else None, ladder=rungs)
+    rungs = [Cut.from_text(rung) for rung in ladder.split(";")] if ladder else None
+    driver = PipelineDriver(checkpoint, load_rig(rig), Cut.from_text(cut) if cut else None, ladder=rungs)
     publisher = None
     if redis_url:
         from engine.telemetry.publisher import TelemetryPublisher

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from solvers.measurement import Latency
+from contracts.measurement import Latency
 
 WINDOW = 256  # finished requests kept: the medians follow the current workload
 COMPLETED = ("stop", "length")

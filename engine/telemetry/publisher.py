@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from solvers.measurement import STEP_KINDS
+from contracts.measurement import STEP_KINDS
 
 log = logging.getLogger(__name__)
 

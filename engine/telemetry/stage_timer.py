@@ -14,7 +14,7 @@ from collections import deque
 
 import torch
 
-from solvers.measurement import NO_STEPS, STEP_KINDS, StageStats
+from contracts.measurement import NO_STEPS, STEP_KINDS, StageStats
 
 WINDOW = 256  # steps kept: a few seconds of serving, enough for a median of one workload
 

@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from contracts.errors import ContractError
 from solvers.cli import model_commands, plan_commands, shape_commands
 from solvers.cli.args import BAD_INPUT
 from solvers.errors import SolverError
@@ -33,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         data, text, *status = args.handler(args)
-    except SolverError as error:
+    except (ContractError, SolverError) as error:
         print(f"error: {error}", file=sys.stderr)
         return BAD_INPUT
     try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from contracts.layout import Cut, ServingShape
 from solvers.capacity import weights_exceed_rig
 from solvers.census import WEIGHT_DTYPES, ModelCensus, load_census
 from solvers.dtypes import KV_DTYPES
 from solvers.rig import Rig
-from solvers.serving import ServingShape
 
 BAD_INPUT = 2  # the input could not be priced; nothing was answered
 NOTHING_FITS = 3  # answered with a refusal: nothing asked about fits (a cut, every cut, a rung, a shape)
@@ -51,6 +51,11 @@ def shape_from_args(args: argparse.Namespace, default: ServingShape) -> ServingS
     overrides = {name: getattr(args, name) for name in default.__dataclass_fields__
                  if getattr(args, name, None) is not None}
     return replace(default, **overrides)
+
+
+def parse_cut(text: str) -> tuple[int, ...]:
+    """An argparse type for a cut such as 28,20,16 (contracts.layout.Cut.from_text names what is wrong)."""
+    return Cut.from_text(text).layers
 
 
 def comma_separated(cast: type, example: str):

@@ -12,6 +12,7 @@ from solvers.cli.args import (
     add_shape_flags,
     add_weight_dtype_flag,
     load_model,
+    parse_cut,
     shape_from_args,
     weights_refusal,
 )
@@ -19,7 +20,6 @@ from solvers.dtypes import KV_DTYPES
 from solvers.rig import builtin_rigs, load_rig
 from solvers.tables import render
 from solvers.tensor_parallel import tp_pool
-from solvers.timing import parse_cut
 from solvers.units import format_bytes
 
 

@@ -11,6 +11,7 @@ from solvers.cli.args import (
     add_weight_dtype_flag,
     comma_separated,
     load_model,
+    parse_cut,
     shape_from_args,
     weights_refusal,
 )
@@ -18,7 +19,7 @@ from solvers.errors import SolverError
 from solvers.frontier import DEFAULT_REFUSED_LIMIT, compute_frontier
 from solvers.rig import DEFAULT_NOISE_FLOOR, load_rig
 from solvers.tables import render
-from solvers.timing import calibrate, parse_cut
+from solvers.timing import calibrate
 
 _STAGE_MS = comma_separated(float, "49.2,154.8,116.4")
 

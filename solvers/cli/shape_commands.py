@@ -13,6 +13,7 @@ from solvers.cli.args import (
     add_weight_dtype_flag,
     comma_separated,
     load_model,
+    parse_cut,
     weights_refusal,
 )
 from solvers.dtypes import KV_DTYPES
@@ -21,7 +22,6 @@ from solvers.ladder import decide, price_ladder
 from solvers.rig import DEFAULT_NOISE_FLOOR, load_rig
 from solvers.shapes import DEFAULT_STEP, fit, fit_on_rig, largest_max_model_len
 from solvers.tables import render
-from solvers.timing import parse_cut
 from solvers.timing_validation import validate_timing
 from solvers.units import format_bytes, parse_size
 

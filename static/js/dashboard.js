@@ -37,7 +37,7 @@ function summary(snapshot) {
 
 const STEP_KINDS = ["decode", "prefill"];
 
-// What the engine measured of its layout (engine.measurement: solvers/measurement.py LayoutMeasurement), as
+// What the engine measured of its layout (engine.measurement: contracts/measurement.py LayoutMeasurement), as
 // console/ui/telemetry.py measured() reads it: stages stay empty while the window has no steps, latency null while
 // no request has finished.
 function measured(engine, ranks) {

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from solvers.attestation import (
+from contracts.attestation import (
     API_KEY_ENV,
     APPROVAL_KEY_ENV,
     CONTROL_TOKEN_ENV,

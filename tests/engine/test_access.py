@@ -1,5 +1,5 @@
 """The engine's apply gates without a live engine: the attestation check (engine/serve/access.py `attested`, over
-solvers/attestation.py `verify_attestation`); the job ledger has its own tests (tests/engine/test_job_ledger.py).
+contracts/attestation.py `verify_attestation`); the job ledger has its own tests (tests/engine/test_job_ledger.py).
 
 The same gates are exercised end to end against a running engine in tests/security/test_engine_credentials.py;
 these run in milliseconds, so a regression shows in the `-m "not slow"` loop.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.attestation import ATTESTATION_MAX_AGE_S, Attestation, AuditHead, sign_attestation
 from engine.control.protocol import ApplyRefused
 from engine.serve.access import Credentials, attested
-from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, AuditHead, sign_attestation
 
 KEY = "approval-key-for-tests"
 CREDENTIALS = Credentials(control_token="control", approval_key=KEY)

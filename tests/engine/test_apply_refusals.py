@@ -16,11 +16,11 @@ import pytest
 from live_service import lone_head
 from starlette.testclient import TestClient
 
+from contracts.attestation import bearer_token, sign_attestation
 from engine.control.driver import PipelineDriver
 from engine.demo import make_demo_checkpoint
 from engine.serve.access import Credentials
 from engine.serve.http import build_app
-from solvers.attestation import bearer_token, sign_attestation
 from solvers.rig import load_rig
 
 CREDENTIALS = Credentials(control_token="control-token-for-tests", approval_key="approval-key-for-tests")

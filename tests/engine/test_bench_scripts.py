@@ -203,9 +203,10 @@ def test_every_planned_step_of_the_run_is_what_the_planner_says(size, tmp_path):
     makes it, the moves on the planner's frontier, the refused cuts refused for two different reasons, the ladder's
     rungs feasible on its model (another depth than the rig's incumbent), every step budgeted."""
     from benchmarks import rig_h200
+    from contracts.layout import layout_fingerprint
     from solvers.frontier import default_timing
     from solvers.ladder import price_ladder
-    from solvers.plans import build_plan, layout_fingerprint
+    from solvers.plans import build_plan
 
     case = getattr(rig_h200, size)
     rig = load_rig(case["rig"])
@@ -216,11 +217,11 @@ def test_every_planned_step_of_the_run_is_what_the_planner_says(size, tmp_path):
     cut, shape = case["incumbent"], rig.shape
     for move in case["moves"]:
         request = {"kind": "cut", "target": {"cut": move}, "incumbent_fingerprint": layout_fingerprint(cut, shape)}
-        assert build_plan(request, census, rig, cut, shape)["feasible"], move
+        assert build_plan(request, census, rig, cut, shape).feasible, move
         cut = move
     request = {"kind": "shape", "target": case["shape"], "incumbent_fingerprint": layout_fingerprint(cut, shape)}
     planned = build_plan(request, census, rig, cut, shape)
-    assert planned["feasible"], planned["reasons"]
+    assert planned.feasible, planned.reasons
     reasons = [CutPricer(census, rig).price(refused).reasons for refused in case["refused"]]
     assert all(reasons) and "cannot hold one sequence" in reasons[0][0] and "arming floor" in reasons[1][0]
     ladder_census = ModelConfig.from_pretrained(rig_h200.write_config(

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from contracts.attestation import ATTESTATION_MAX_AGE_S, Attestation, AuditHead
 from engine.control.job_ledger import LEDGER_FILE, JobLedger
 from engine.control.protocol import ApplyRefused
 from engine.errors import EngineError
-from solvers.attestation import ATTESTATION_MAX_AGE_S, Attestation, AuditHead
 
 
 def attestation(job_id: int, issued_at: float | None = None) -> Attestation:

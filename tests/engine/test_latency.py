@@ -1,7 +1,7 @@
 """Request latency as the driver logs it: time to first token, time between tokens, medians over the newest."""
 
+from contracts.measurement import Latency
 from engine.telemetry.latency import LatencyLog
-from solvers.measurement import Latency
 
 
 def _serve(log: LatencyLog, request_id: int, submitted: float, token_times: list[float], reason: str = "length"):

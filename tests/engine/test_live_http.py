@@ -15,12 +15,12 @@ import httpx
 import pytest
 from live_service import LiveService, run_concurrently
 
+from contracts.measurement import STEP_KINDS, LayoutMeasurement
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
 from engine.runtime.sampler import SamplingParams
 from engine.serve.openai_api import render_chat
 from engine.telemetry.publisher import USED_CATEGORIES
-from solvers.measurement import STEP_KINDS, LayoutMeasurement
 
 MAX_MODEL_LEN = 2048  # the cpu-demo rig's shape
 TEXT_PROMPT = "The operator asks which rank binds the pool"

@@ -13,10 +13,10 @@ import pytest
 import redis
 from live_service import LiveService, run_concurrently
 
+from contracts.measurement import LayoutMeasurement
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
 from engine.runtime.sampler import SamplingParams
-from solvers.measurement import LayoutMeasurement
 
 MAX_TOKENS = 24
 

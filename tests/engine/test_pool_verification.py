@@ -27,8 +27,8 @@ def demo(tmp_path_factory):
 
 def apply_cut(driver: PipelineDriver, cut: tuple[int, ...]) -> dict:
     planned = driver.plan({"kind": "cut", "target": {"cut": list(cut)}, "incumbent_fingerprint": driver.fingerprint()})
-    assert planned["feasible"], planned["reasons"]
-    op_id = driver.apply(planned["plan"], planned["plan_hash"])
+    assert planned.feasible, planned.reasons
+    op_id = driver.apply(planned.plan.to_dict(), planned.plan_hash)
     deadline = time.monotonic() + 120
     while (op := driver.operation(op_id))["phase"] != "done" or driver.phase not in ("serving", "broken"):
         assert time.monotonic() < deadline, op

@@ -23,13 +23,14 @@ import pytest
 from live_service import lone_head
 from starlette.testclient import TestClient
 
+from contracts.attestation import bearer_token, sign_attestation
+from contracts.plan import Plan, PlanReply
 from engine.control.protocol import ApplyRefused, RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.runtime.sampler import SamplingParams
 from engine.serve.access import Credentials
 from engine.serve.http import build_app
 from engine.serve.openai_api import IncrementalText
-from solvers.attestation import bearer_token, sign_attestation
 from solvers.errors import SolverError
 
 CREDENTIALS = Credentials(control_token="test-control-token", approval_key="test-approval-key")
@@ -85,8 +86,7 @@ class FakeDriver:
         if body.get("kind") not in ("cut", "shape", "ladder"):
             raise SolverError("kind must be cut, shape or ladder")
         plan = body | {"predicted": {"pool_tokens": 1024}}
-        return {"plan": plan, "plan_hash": _hash(plan), "feasible": body.get("target") != {"cut": [4, 0]},
-                "reasons": []}
+        return PlanReply(Plan.from_dict(plan), _hash(plan), body.get("target") != {"cut": [4, 0]}, ())
 
     def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:
         if plan_hash != _hash(plan):

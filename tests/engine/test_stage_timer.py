@@ -5,8 +5,8 @@ import time
 
 import torch
 
+from contracts.measurement import NO_STEPS, StageStats
 from engine.telemetry.stage_timer import WINDOW, StageLog, StageTimer
-from solvers.measurement import NO_STEPS, StageStats
 
 
 def test_a_stage_is_timed_on_the_cpu():

@@ -14,8 +14,9 @@ import uuid
 import pytest
 import redis
 
+from contracts.layout import Cut
+from contracts.measurement import NO_STEPS, Latency, LayoutMeasurement, PoolFigures, StageStats
 from engine.telemetry.publisher import TelemetryPublisher, keys, prometheus_text, recent_since, validate_snapshot
-from solvers.measurement import NO_STEPS, Latency, LayoutMeasurement, PoolFigures, StageStats
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -356,7 +357,7 @@ def test_prometheus_text_reports_a_recovery_loop_as_unhealthy():
 
 
 def _measurement(decode: StageStats, prefill: StageStats, latency: Latency) -> dict:
-    return LayoutMeasurement(model="demo", rig="cpu-demo", fingerprint="abc", cut=(9, 7),
+    return LayoutMeasurement(model="demo", rig="cpu-demo", fingerprint="abc", cut=Cut((9, 7)),
                              shape={"max_model_len": 2048}, decode=decode, prefill=prefill, decode_tok_s=64.25,
                              prefill_tok_s=812.5, pool=PoolFigures(4096, 4096, 4096), latency=latency).to_dict()
 

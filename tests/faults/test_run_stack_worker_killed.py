@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from e2e_stack import RedisServer, Stack, free_port, fresh_database, launch, stack_env, stop  # noqa: E402
 
-from solvers.attestation import CONTROL_TOKEN_ENV, bearer_token  # noqa: E402
+from contracts.attestation import CONTROL_TOKEN_ENV, bearer_token  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STREAMS, MAX_TOKENS = 4, 400

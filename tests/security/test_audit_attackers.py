@@ -27,8 +27,8 @@ from console.jobs import services, webhooks, worker
 from console.jobs.audit_witness import engine_witness
 from console.jobs.engine_client import EngineClient, EngineRefused
 from console.jobs.models import Job
-from solvers.attestation import AuditHead, sign_attestation
-from solvers.plans import canonical_json
+from contracts.attestation import AuditHead, sign_attestation
+from contracts.canonical import canonical_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TRIGGER = "audit_auditevent_append_only"

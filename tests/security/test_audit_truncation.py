@@ -21,7 +21,7 @@ from console.audit.anchor import AnchorState
 from console.audit.chain import event_content
 from console.audit.models import GENESIS_HASH, AuditEvent, ChainScheme
 from console.audit.services import record, verify_chain
-from solvers.plans import canonical_json
+from contracts.canonical import canonical_json
 
 pytestmark = pytest.mark.django_db
 TRIGGER = "audit_auditevent_append_only"

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from contracts.attestation import Attestation, AuditHead
 from engine.control.audit_witness import WITNESS_FILE, AuditWitness
 from engine.control.protocol import ApplyRefused
 from engine.errors import EngineError
-from solvers.attestation import Attestation, AuditHead
 
 TRAIL = "1a" * 32
 NOW = time.time()

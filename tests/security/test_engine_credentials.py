@@ -15,8 +15,8 @@ import time
 import pytest
 from live_service import ROOT, LiveService, free_port, lone_head
 
+from contracts.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
 from engine.serve.access import Credentials, exposure_notices
-from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
 
 API_KEY = "test-api-key"
 SOME_HASH = "ab" * 32

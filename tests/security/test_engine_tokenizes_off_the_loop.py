@@ -19,10 +19,10 @@ import pytest
 from held_tokenizer import HeldTokenizer
 from starlette.testclient import TestClient
 
+from contracts.attestation import bearer_token
 from engine.runtime.text import CheckpointText
 from engine.serve.access import Credentials
 from engine.serve.http import build_app
-from solvers.attestation import bearer_token
 
 CREDENTIALS = Credentials(control_token="control-token-for-tests")
 TEXT = "Which rank binds the pool, and how many tokens does it hold? "  # about 1000 tokens, times 60

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import stat
 
+from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 from launch.stack_secrets import stack_secrets
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
 
 GENERATED_PER_RUN = (CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV)
 KEPT_IN_FILES = {"SEAM_SECRET_KEY": "secret-key", "SEAM_AUDIT_KEY": "audit-key"}

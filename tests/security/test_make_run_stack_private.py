@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from e2e_stack import PASSWORD, Stack, running_stack  # noqa: E402
 
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token  # noqa: E402
+from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SECRETS = {CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV, "SEAM_SECRET_KEY", "SEAM_AUDIT_KEY"}

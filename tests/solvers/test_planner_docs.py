@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.layout import ServingShape
 from solvers.rig import CORRIDOR_FIELDS, RANK_FIELDS, RIG_FIELDS, SEAM_RESERVE_FIELDS, builtin_rigs
-from solvers.serving import ServingShape
 
 PLANNER = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
 RIG_FILE = PLANNER.split("## The rig file", 1)[1].split("\n## ", 1)[0]

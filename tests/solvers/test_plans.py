@@ -1,4 +1,5 @@
-"""The Plan contract: canonical hashes, fingerprints, hostile request bodies, and priced plans."""
+"""The Plan contract (contracts/plan.py) and its pricing (solvers/plans.py): canonical hashes, fingerprints, hostile
+request bodies, and priced plans."""
 
 import copy
 import json
@@ -7,21 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.canonical import canonical_json
+from contracts.errors import ContractError
+from contracts.layout import Cut, ServingShape, layout_fingerprint
+from contracts.plan import PlanRequest, plan_hash, verify_plan
 from solvers.capacity import CutPricer
 from solvers.census import load_census
 from solvers.errors import SolverError
-from solvers.plans import (
-    PlanRequest,
-    build_plan,
-    canonical_json,
-    layout_fingerprint,
-    parse_plan_request,
-    plan_hash,
-    request_from_plan,
-    verify_plan,
-)
+from solvers.plans import build_plan
 from solvers.rig import load_rig
-from solvers.serving import ServingShape
 
 FP = "0123456789abcdef"
 
@@ -44,7 +39,7 @@ def body(kind="cut", target=None, fingerprint=FP, **extra):
 
 
 def parse(data):
-    return parse_plan_request(data, 3, 64)
+    return PlanRequest.from_dict(data, ranks=3, num_layers=64)
 
 
 def plan_for(model, rig, data, **kwargs):
@@ -61,7 +56,7 @@ def test_canonical_json_sorts_keys_drops_whitespace_and_escapes_non_ascii():
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), {1: "a"}, {"a": {1, 2}}, 10**5000],
                          ids=["nan", "inf", "-inf", "int-key", "set", "5000-digit-int"])
 def test_canonical_json_refuses_what_has_no_single_json_form(value):
-    with pytest.raises(SolverError):
+    with pytest.raises(ContractError):
         canonical_json({"v": value})
 
 
@@ -73,7 +68,7 @@ def test_plan_hash_is_stable_across_key_order_and_a_json_round_trip():
 
 
 def test_any_field_change_changes_the_plan_hash(model, rig):
-    plan = plan_for(model, rig, body())["plan"]
+    plan = plan_for(model, rig, body()).plan.to_dict()
     original = plan_hash(plan)
 
     def leaves(node, path=()):
@@ -100,14 +95,14 @@ def test_any_field_change_changes_the_plan_hash(model, rig):
 
 def test_verify_plan_accepts_its_hash_and_refuses_any_other(model, rig):
     result = plan_for(model, rig, body())
-    verify_plan(result["plan"], result["plan_hash"])
-    verify_plan(json.loads(json.dumps(result["plan"])), result["plan_hash"].upper())
-    tampered = copy.deepcopy(result["plan"])
+    verify_plan(result.plan.to_dict(), result.plan_hash)
+    verify_plan(json.loads(json.dumps(result.plan.to_dict())), result.plan_hash.upper())
+    tampered = copy.deepcopy(result.plan.to_dict())
     tampered["target"]["cut"] = [30, 18, 16]
-    with pytest.raises(SolverError, match="plan_hash does not match the plan"):
-        verify_plan(tampered, result["plan_hash"])
-    with pytest.raises(SolverError, match="plan_hash"):
-        verify_plan(result["plan"], 42)
+    with pytest.raises(ContractError, match="plan_hash does not match the plan"):
+        verify_plan(tampered, result.plan_hash)
+    with pytest.raises(ContractError, match="plan_hash"):
+        verify_plan(result.plan.to_dict(), 42)
 
 
 def test_layout_fingerprint_changes_with_cut_shape_and_rung():
@@ -166,7 +161,7 @@ def test_layout_fingerprint_changes_with_cut_shape_and_rung():
     (body("shape", {"state_dtype": ["fp8"]}), "target.state_dtype", "expected a dtype name"),
 ])
 def test_malformed_bodies_are_refused_naming_the_field(data, field, problem):
-    with pytest.raises(SolverError) as caught:
+    with pytest.raises(ContractError) as caught:
         parse(data)
     message = str(caught.value)
     assert message.startswith(f"{field}:"), message
@@ -176,7 +171,7 @@ def test_malformed_bodies_are_refused_naming_the_field(data, field, problem):
 
 def test_valid_bodies_parse_to_normalised_requests():
     assert parse(body()) == PlanRequest("cut", {"cut": [28, 20, 16]}, FP)
-    assert parse(body("ladder", {"rung": [30, 18, 16]})).cut == (30, 18, 16)
+    assert parse(body("ladder", {"rung": [30, 18, 16]})).cut == Cut((30, 18, 16))
     shape = parse(body("shape", {"max_model_len": 65536, "kv_dtype": None}))
     assert shape.target == {"max_model_len": 65536, "kv_dtype": None} and shape.cut is None
 
@@ -203,10 +198,10 @@ BODY = st.tuples(st.sampled_from(["body"] * 6 + ["extra"] * 2 + ["noise"] * 2), 
 
 @settings(max_examples=400, deadline=None)
 @given(BODY)
-def test_any_json_body_parses_or_raises_solver_error(model, rig, data):
+def test_any_json_body_parses_or_raises_contract_error(model, rig, data):
     try:
         request = parse(data)
-    except SolverError as error:
+    except ContractError as error:
         assert str(error).split(":")[0] in {"body", "kind", "target", "incumbent_fingerprint"} or \
             str(error).startswith("target.")
         return
@@ -217,17 +212,17 @@ def test_any_json_body_parses_or_raises_solver_error(model, rig, data):
         result = build_plan(request, model, rig, rig.incumbent_cut, rig.shape)
     except SolverError:
         return
-    verify_plan(result["plan"], result["plan_hash"])
+    verify_plan(result.plan.to_dict(), result.plan_hash)
 
 
 def test_request_from_plan_revalidates_the_request_inside_a_plan(model, rig):
-    plan = plan_for(model, rig, body())["plan"]
-    assert request_from_plan(plan, 3, 64) == parse(body())
+    plan = plan_for(model, rig, body()).plan.to_dict()
+    assert PlanRequest.from_plan(plan, ranks=3, num_layers=64) == parse(body())
     forged = {**plan, "target": {"cut": [60, 2, 1, 1]}}
-    with pytest.raises(SolverError, match="target.cut: has 4 entries"):
-        request_from_plan(forged, 3, 64)
-    with pytest.raises(SolverError, match="plan: missing field"):
-        request_from_plan({"kind": "cut"}, 3, 64)
+    with pytest.raises(ContractError, match="target.cut: has 4 entries"):
+        PlanRequest.from_plan(forged, ranks=3, num_layers=64)
+    with pytest.raises(ContractError, match="plan: missing field"):
+        PlanRequest.from_plan({"kind": "cut"}, ranks=3, num_layers=64)
 
 
 # --- priced plans on the reference rig ----------------------------------------------------------
@@ -235,60 +230,60 @@ def test_request_from_plan_revalidates_the_request_inside_a_plan(model, rig):
 def test_feasible_cut_plan_predicts_the_capacity_pool(model, rig):
     result = plan_for(model, rig, body())
     priced = CutPricer(model, rig, rig.shape).price([28, 20, 16])
-    predicted = result["plan"]["predicted"]
-    assert result["feasible"] and result["reasons"] == []
+    predicted = result.plan.predicted
+    assert result.feasible and result.reasons == ()
     assert predicted["pool_tokens"] == priced.pool_tokens == 128016
     assert predicted["binding_rank"] == priced.binding_rank == 1
     assert predicted["attention_split"] == list(priced.attention_split)
     assert predicted["ranks"] == json.loads(json.dumps(priced.table()))
     assert {"budget", "weights", "state", "rest", "floor", "allowed", "used", "slack"} <= set(predicted["ranks"][0])
     assert predicted["shape"] == rig.shape.to_dict()
-    assert result["plan"]["incumbent_fingerprint"] == FP and result["plan"]["kind"] == "cut"
-    assert set(result["plan"]) == {"kind", "target", "incumbent_fingerprint", "predicted"}
-    assert result["plan_hash"] == plan_hash(result["plan"])
+    assert result.plan.incumbent_fingerprint == FP and result.plan.kind == "cut"
+    assert set(result.plan.to_dict()) == {"kind", "target", "incumbent_fingerprint", "predicted"}
+    assert result.plan_hash == plan_hash(result.plan.to_dict())
 
 
 def test_infeasible_cut_plan_names_the_rank_that_cannot_clear_its_floor(model, rig):
     result = plan_for(model, rig, body(target={"cut": [28, 22, 14]}))
-    assert not result["feasible"] and result["plan"]["predicted"]["pool_tokens"] is None
-    assert any("rank 1" in reason and "arming floor" in reason for reason in result["reasons"])
-    assert result["reasons"] == result["plan"]["predicted"]["reasons"]
+    assert not result.feasible and result.plan.predicted["pool_tokens"] is None
+    assert any("rank 1" in reason and "arming floor" in reason for reason in result.reasons)
+    assert list(result.reasons) == result.plan.predicted["reasons"]
 
 
 def test_shape_plan_prices_the_current_cut_at_the_overlaid_shape(model, rig):
     result = plan_for(model, rig, body("shape", {"max_num_seqs": 4}))
-    predicted = result["plan"]["predicted"]
+    predicted = result.plan.predicted
     expected_shape = ServingShape(**{**rig.shape.to_dict(), "max_num_seqs": 4})
     assert predicted["shape"] == expected_shape.to_dict()
     assert predicted["cut"] == list(rig.incumbent_cut)
     assert predicted["pool_tokens"] == CutPricer(model, rig, expected_shape).price(rig.incumbent_cut).pool_tokens
-    assert result["feasible"] and predicted["safety_band"]["fits"]
+    assert result.feasible and predicted["safety_band"]["fits"]
 
 
 def test_shape_plan_that_breaks_the_safety_band_is_refused_with_the_arithmetic(model, rig):
     # 65536 tokens of context fit in the 128k-token pool, but not beside a 2 GiB safety band.
     result = plan_for(model, rig, body("shape", {"max_model_len": 65536}))
-    assert not result["feasible"]
-    assert result["plan"]["predicted"]["pool_tokens"] is not None
-    (reason,) = result["reasons"]
+    assert not result.feasible
+    assert result.plan.predicted["pool_tokens"] is not None
+    (reason,) = result.reasons
     assert reason.startswith("shape breaks the safety band") and "safety band 2147483648 B" in reason
     relaxed = plan_for(model, rig, body("shape", {"max_model_len": 65536}), safety_band_bytes="1GiB")
-    assert relaxed["feasible"]
+    assert relaxed.feasible
 
 
 def test_shape_plan_whose_pool_cannot_hold_one_sequence_is_refused(model, rig):
     result = plan_for(model, rig, body("shape", {"max_model_len": 262144}))
-    assert not result["feasible"] and "cannot hold one sequence of max_model_len 262144" in result["reasons"][0]
+    assert not result.feasible and "cannot hold one sequence of max_model_len 262144" in result.reasons[0]
 
 
 def test_ladder_plan_prices_the_rung_without_the_arena(model, rig):
     result = plan_for(model, rig, body("ladder", {"rung": [30, 18, 16]}))
-    assert result["plan"]["predicted"]["pool_tokens"] == \
+    assert result.plan.predicted["pool_tokens"] == \
         CutPricer(model, rig, rig.shape).price([30, 18, 16]).pool_tokens
-    assert any("arena" in note for note in result["plan"]["predicted"]["notes"])
+    assert any("arena" in note for note in result.plan.predicted["notes"])
 
 
 def test_build_plan_accepts_a_raw_body_and_validates_it(model, rig):
-    assert build_plan(body(), model, rig, rig.incumbent_cut, rig.shape)["feasible"]
-    with pytest.raises(SolverError, match="target.cut: sums to 63"):
+    assert build_plan(body(), model, rig, rig.incumbent_cut, rig.shape).feasible
+    with pytest.raises(ContractError, match="target.cut: sums to 63"):
         build_plan(body(target={"cut": [28, 20, 15]}), model, rig, rig.incumbent_cut, rig.shape)

@@ -1,7 +1,7 @@
 import pytest
 
 from solvers.errors import SolverError
-from solvers.timing import calibrate, parse_cut
+from solvers.timing import calibrate
 
 STAGE_MS = (49.2, 154.8, 116.4)
 
@@ -56,8 +56,3 @@ def test_bad_calibration_input_is_refused(args, message):
     with pytest.raises(SolverError, match=message):
         calibrate(*args)
 
-
-def test_parse_cut_names_the_expected_form():
-    assert parse_cut("28,20,16") == (28, 20, 16)
-    with pytest.raises(SolverError, match="28,20,16"):
-        parse_cut("28;20")

@@ -1,4 +1,4 @@
-"""One measurement of a layout the engine served (solvers/measurement.py's LayoutMeasurement), as recorded.
+"""One measurement of a layout the engine served (contracts/measurement.py's LayoutMeasurement), as recorded.
 
 Rows come from a job's end (the layout the job left; its window is usually still empty) and from beat every
 SEAM_MEASURE_S (only with decode steps). `model` and `rig` are the names the engine reports: its checkpoint
@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from solvers.measurement import LayoutMeasurement, StageStats
+from contracts.measurement import LayoutMeasurement, StageStats
 
 __all__ = ["MeasuredLayout", "MeasurementSource"]
 

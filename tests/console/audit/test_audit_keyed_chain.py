@@ -13,7 +13,7 @@ from django.utils import timezone
 from console.audit.chain import compute_hash, event_content
 from console.audit.models import GENESIS_HASH, AuditEvent, ChainScheme
 from console.audit.services import verify_chain
-from solvers.plans import canonical_json
+from contracts.canonical import canonical_json
 
 pytestmark = pytest.mark.django_db
 

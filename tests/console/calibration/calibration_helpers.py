@@ -1,4 +1,4 @@
-"""Crafted engine measurements (the `measurement` of GET /control/state, solvers/measurement.py) for the tests."""
+"""Crafted engine measurements (the `measurement` of GET /control/state, contracts/measurement.py) for the tests."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def stage_stats(ms: list[float] | None, steps: int = 40, spread: float = 0.5) ->
 def measurement(cut: list[int], decode_ms: list[float] | None = None, *, pool: int = 9136,
                 fingerprint: str | None = None, model: str = MODEL, rig: str = RIG, shape: dict | None = None,
                 tok_s: float = 12.5) -> dict:
-    """The engine's `measurement` of a layout, as solvers.measurement.LayoutMeasurement.to_dict() writes it."""
+    """The engine's `measurement` of a layout, as contracts.measurement.LayoutMeasurement.to_dict() writes it."""
     return {"model": model, "rig": rig, "fingerprint": fingerprint or "fp-" + "-".join(map(str, cut)),
             "cut": list(cut), "shape": dict(shape or SHAPE), "decode": stage_stats(decode_ms),
             "prefill": stage_stats(None), "decode_tok_s": tok_s if decode_ms else 0.0, "prefill_tok_s": 0.0,

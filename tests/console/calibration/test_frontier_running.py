@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from calibration_helpers import SHAPE, stages
 
+from contracts.layout import ServingShape
 from solvers.capacity import CutPricer
 from solvers.census import load_census
 from solvers.rig import load_rig
-from solvers.serving import ServingShape
 
 pytestmark = pytest.mark.django_db
 

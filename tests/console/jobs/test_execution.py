@@ -14,7 +14,7 @@ from console.jobs import services, worker
 from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict
 from console.jobs.models import Approval, Job
-from solvers.attestation import verify_attestation
+from contracts.attestation import verify_attestation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

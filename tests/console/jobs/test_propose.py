@@ -9,7 +9,7 @@ from console.audit.models import AuditEvent
 from console.jobs import services
 from console.jobs.errors import Conflict, EngineUnavailable, InvalidProposal, NotAllowed, PlanInfeasible
 from console.jobs.models import Job
-from solvers.plans import plan_hash
+from contracts.plan import plan_hash
 
 pytestmark = pytest.mark.django_db
 

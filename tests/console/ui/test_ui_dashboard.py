@@ -98,7 +98,7 @@ def test_a_corrupt_snapshot_is_reported_not_rendered(browse, viewer, channel):
 
 
 def measurement(decode_steps=12, requests=5) -> dict:
-    """engine.measurement as the engine sends it (solvers/measurement.py LayoutMeasurement.to_dict())."""
+    """engine.measurement as the engine sends it (contracts/measurement.py LayoutMeasurement.to_dict())."""
     def stats(steps, medians, spreads):
         return {"steps": steps, "median_tokens": 1.0 if steps else None,
                 "median_ms": medians if steps else None, "spread_ms": spreads if steps else None}

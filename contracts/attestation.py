@@ -14,7 +14,8 @@ Two secrets, each handed to the processes that need it through the environment (
   database, so a database restored to an older copy is refused and reported (docs/console.md, "Trust model").
 
 The optional **API key** (`SEAM_API_KEY`) guards the engine's OpenAI-compatible /v1/*, as vLLM's --api-key does.
-This module is the one owner of these names and of the attestation's shape; both sides import it.
+This module is the one owner of these names and of the attestation's shape; both sides import it. Every refusal
+is a ContractError naming the field.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from solvers.errors import SolverError
-from solvers.plans import canonical_json
+from contracts.canonical import canonical_json
+from contracts.errors import ContractError
 
 __all__ = ["API_KEY_ENV", "APPROVAL_KEY_ENV", "ATTESTATION_MAX_AGE_S", "CONTROL_TOKEN_ENV", "Attestation", "AuditHead",
            "bearer_token", "sign_attestation", "verify_attestation"]
@@ -57,16 +58,16 @@ class AuditHead:
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "audit_head") -> AuditHead:
-        """The head in `data`; SolverError naming the field otherwise."""
+        """The head in `data`; ContractError naming the field otherwise."""
         if not isinstance(data, dict) or set(data) != set(_HEAD_FIELDS):
-            raise SolverError(f"{where}: expected exactly {{{', '.join(_HEAD_FIELDS)}}}, the console's newest audit "
+            raise ContractError(f"{where}: expected exactly {{{', '.join(_HEAD_FIELDS)}}}, the console's newest audit "
                               "event")
         trail, seq, hash_ = data["trail"], data["seq"], data["hash"]
         if type(seq) is not int or seq < 0:
-            raise SolverError(f"{where}.seq: expected a non-negative integer")
+            raise ContractError(f"{where}.seq: expected a non-negative integer")
         for name, value in (("trail", trail), ("hash", hash_)):
             if not isinstance(value, str) or not _HEX64.fullmatch(value):
-                raise SolverError(f"{where}.{name}: expected 64 lowercase hex digits")
+                raise ContractError(f"{where}.{name}: expected 64 lowercase hex digits")
         return cls(trail, seq, hash_)
 
 
@@ -102,42 +103,42 @@ def sign_attestation(key: str, plan_hash: str, job_id: int, approvers: Sequence[
     """The attestation the console sends beside a reviewed plan:
     `{job_id, approvers, issued_at, audit_head, signature}`."""
     if not key:
-        raise SolverError(f"no approval key to sign with: set {APPROVAL_KEY_ENV}")
+        raise ContractError(f"no approval key to sign with: set {APPROVAL_KEY_ENV}")
     names = sorted(set(approvers))
     if not names:
-        raise SolverError("an attestation needs at least one approver")
+        raise ContractError("an attestation needs at least one approver")
     return {"job_id": job_id, "approvers": names, "issued_at": float(issued_at), "audit_head": audit_head.to_dict(),
             "signature": _signature(key, plan_hash, job_id, names, float(issued_at), audit_head)}
 
 
 def verify_attestation(key: str, attestation: Any, plan_hash: str, now: float,
                        max_age_s: float = ATTESTATION_MAX_AGE_S) -> Attestation:
-    """The attestation, verified for `plan_hash`; SolverError naming what is wrong otherwise."""
+    """The attestation, verified for `plan_hash`; ContractError naming what is wrong otherwise."""
     if not isinstance(attestation, dict):
-        raise SolverError("attestation is missing or not an object: a plan is applied only with the console's "
+        raise ContractError("attestation is missing or not an object: a plan is applied only with the console's "
                           "attestation of its review ({job_id, approvers, issued_at, audit_head, signature})")
     unknown = sorted(set(attestation) - set(_FIELDS))
     missing = [name for name in _FIELDS if name not in attestation]
     if unknown or missing:
-        raise SolverError(f"attestation: expected exactly {{{', '.join(_FIELDS)}}} "
+        raise ContractError(f"attestation: expected exactly {{{', '.join(_FIELDS)}}} "
                           f"({'unknown ' + unknown[0] if unknown else 'missing ' + missing[0]})")
     job_id, approvers = attestation["job_id"], attestation["approvers"]
     issued_at, signature = attestation["issued_at"], attestation["signature"]
     if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
-        raise SolverError("attestation.job_id: expected a positive integer")
+        raise ContractError("attestation.job_id: expected a positive integer")
     if not isinstance(approvers, list) or not approvers or not all(isinstance(a, str) and a for a in approvers):
-        raise SolverError("attestation.approvers: expected a non-empty list of usernames")
+        raise ContractError("attestation.approvers: expected a non-empty list of usernames")
     if isinstance(issued_at, bool) or not isinstance(issued_at, int | float):
-        raise SolverError("attestation.issued_at: expected a number (seconds since the epoch)")
+        raise ContractError("attestation.issued_at: expected a number (seconds since the epoch)")
     audit_head = AuditHead.from_dict(attestation["audit_head"], "attestation.audit_head")
     if not isinstance(signature, str):
-        raise SolverError("attestation.signature: expected a hex string")
+        raise ContractError("attestation.signature: expected a hex string")
     expected = _signature(key, plan_hash, job_id, approvers, float(issued_at), audit_head)
     if not hmac.compare_digest(expected, signature.lower()):
-        raise SolverError("attestation.signature does not match: it was not signed by the console for this plan "
+        raise ContractError("attestation.signature does not match: it was not signed by the console for this plan "
                           "(another plan_hash, job, approvers or audit head, or another approval key)")
     age = now - float(issued_at)
     if age > max_age_s or age < -max_age_s:
-        raise SolverError(f"attestation was issued {age:.0f} s ago, outside the {max_age_s:.0f} s it stays valid: "
+        raise ContractError(f"attestation was issued {age:.0f} s ago, outside the {max_age_s:.0f} s it stays valid: "
                           "execute the job again from the console")
     return Attestation(job_id, tuple(approvers), float(issued_at), audit_head)

@@ -1,4 +1,4 @@
-"""The layout measurement contract (solvers/measurement.py): what the engine sends parses back exactly, and a wrong
+"""The layout measurement contract (contracts/measurement.py): what the engine sends parses back exactly, and a wrong
 field is refused by name."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ import copy
 
 import pytest
 
-from solvers.errors import SolverError
-from solvers.measurement import Latency, LayoutMeasurement, PoolFigures, StageStats
+from contracts.errors import ContractError
+from contracts.layout import Cut
+from contracts.measurement import Latency, LayoutMeasurement, PoolFigures, StageStats
 
 
 def _measurement() -> LayoutMeasurement:
     return LayoutMeasurement(
-        model="demo", rig="cpu-demo", fingerprint="abc123", cut=(7, 5, 4), shape={"max_model_len": 1024},
+        model="demo", rig="cpu-demo", fingerprint="abc123", cut=Cut((7, 5, 4)), shape={"max_model_len": 1024},
         decode=StageStats(12, 3.0, (18.8, 10.5, 10.4), (0.5, 0.2, 0.1)), prefill=StageStats(0, None, None, None),
         decode_tok_s=42.5, prefill_tok_s=0.0, pool=PoolFigures(17056, 17056, 17040),
         latency=Latency(4, 120.0, 31.5))
@@ -28,7 +29,7 @@ def test_stats_by_kind():
     measurement = _measurement()
     assert measurement.stats("decode").median_ms == (18.8, 10.5, 10.4)
     assert measurement.stats("prefill").steps == 0
-    with pytest.raises(SolverError, match="step kind 'verify'"):
+    with pytest.raises(ContractError, match="step kind 'verify'"):
         measurement.stats("verify")
 
 
@@ -50,17 +51,17 @@ def test_a_wrong_field_is_named(path, value, message):
     for key in path[:-1]:
         holder = holder[key]
     holder[path[-1]] = value
-    with pytest.raises(SolverError, match=message):
+    with pytest.raises(ContractError, match=message):
         LayoutMeasurement.from_dict(data)
 
 
 def test_a_missing_field_is_named():
     data = _measurement().to_dict()
     del data["latency"]
-    with pytest.raises(SolverError, match=r"measurement\.latency: missing"):
+    with pytest.raises(ContractError, match=r"measurement\.latency: missing"):
         LayoutMeasurement.from_dict(data)
 
 
 def test_not_an_object():
-    with pytest.raises(SolverError, match="expected an object"):
+    with pytest.raises(ContractError, match="expected an object"):
         LayoutMeasurement.from_dict(["not", "a", "measurement"])

@@ -8,55 +8,33 @@ records it (console.calibration) and calibrates the timing model from its decode
 - `decode` / `prefill`: per kind of step over the engine's recent window (steps of a layout only: the window is
   cleared when the layout changes), the step count, the median tokens a step, and per rank the median stage ms
   and its spread (the sample standard deviation over those steps; 0 with one step).
-- `pool`: `predicted` is the planner's pool in tokens, `allocated` the smallest KV pool the attention ranks
-  allocated, `real` the tokens the scheduler can hand out (whole blocks of that pool).
+- `pool`: three figures of one quantity, the KV pool in tokens: `predicted` is the planner's pool (the `pool_tokens`
+  of the plan and the state), `allocated` the smallest pool the attention ranks allocated, `real` the tokens the
+  scheduler can hand out (whole blocks of that pool).
 - `latency`: medians over the engine's recent finished requests: time to first token and time between output
   tokens, in ms.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from solvers.errors import SolverError
+from contracts.errors import ContractError
+from contracts.layout import Cut
+from contracts.reading import count, field, number
 
-__all__ = ["STEP_KINDS", "LayoutMeasurement", "Latency", "PoolFigures", "StageStats"]
+__all__ = ["NO_STEPS", "STEP_KINDS", "LayoutMeasurement", "Latency", "PoolFigures", "StageStats"]
 
 STEP_KINDS = ("decode", "prefill")
-
-
-def _field(data: Any, name: str, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise SolverError(f"{where}: expected an object, got {type(data).__name__}")
-    if name not in data:
-        raise SolverError(f"{where}.{name}: missing")
-    return data[name]
-
-
-def _number(value: Any, where: str, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise SolverError(f"{where}: expected a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def _count(value: Any, where: str, *, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SolverError(f"{where}: expected a whole number >= 0, got {value!r}")
-    return value
 
 
 def _per_rank(value: Any, where: str) -> tuple[float, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list | tuple) or not value:
-        raise SolverError(f"{where}: expected one number per rank, got {value!r}")
-    return tuple(_number(v, f"{where}[{i}]") for i, v in enumerate(value))
+        raise ContractError(f"{where}: expected one number per rank, got {value!r}")
+    return tuple(number(v, f"{where}[{i}]") for i, v in enumerate(value))
 
 
 @dataclass(frozen=True)
@@ -75,14 +53,14 @@ class StageStats:
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> StageStats:
-        steps = _count(_field(data, "steps", where), f"{where}.steps")
-        stats = cls(steps, _number(_field(data, "median_tokens", where), f"{where}.median_tokens", allow_none=True),
-                    _per_rank(_field(data, "median_ms", where), f"{where}.median_ms"),
-                    _per_rank(_field(data, "spread_ms", where), f"{where}.spread_ms"))
+        steps = count(field(data, "steps", where), f"{where}.steps")
+        stats = cls(steps, number(field(data, "median_tokens", where), f"{where}.median_tokens", allow_none=True),
+                    _per_rank(field(data, "median_ms", where), f"{where}.median_ms"),
+                    _per_rank(field(data, "spread_ms", where), f"{where}.spread_ms"))
         if (steps > 0) != (stats.median_ms is not None) or (stats.median_ms is None) != (stats.spread_ms is None):
-            raise SolverError(f"{where}: median_ms and spread_ms are given exactly when steps > 0 (steps={steps})")
+            raise ContractError(f"{where}: median_ms and spread_ms are given exactly when steps > 0 (steps={steps})")
         if stats.median_ms is not None and len(stats.median_ms) != len(stats.spread_ms):
-            raise SolverError(f"{where}: median_ms and spread_ms need one entry per rank each")
+            raise ContractError(f"{where}: median_ms and spread_ms need one entry per rank each")
         return stats
 
 
@@ -100,7 +78,7 @@ class PoolFigures:
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> PoolFigures:
-        return cls(*(_count(_field(data, name, where), f"{where}.{name}", allow_none=True)
+        return cls(*(count(field(data, name, where), f"{where}.{name}", allow_none=True)
                      for name in ("predicted", "allocated", "real")))
 
 
@@ -115,9 +93,9 @@ class Latency:
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Latency:
-        return cls(_count(_field(data, "requests", where), f"{where}.requests"),
-                   _number(_field(data, "ttft_ms", where), f"{where}.ttft_ms", allow_none=True),
-                   _number(_field(data, "itl_ms", where), f"{where}.itl_ms", allow_none=True))
+        return cls(count(field(data, "requests", where), f"{where}.requests"),
+                   number(field(data, "ttft_ms", where), f"{where}.ttft_ms", allow_none=True),
+                   number(field(data, "itl_ms", where), f"{where}.itl_ms", allow_none=True))
 
 
 @dataclass(frozen=True)
@@ -125,8 +103,8 @@ class LayoutMeasurement:
     model: str
     rig: str
     fingerprint: str
-    cut: tuple[int, ...]
-    shape: dict
+    cut: Cut
+    shape: dict  # the ServingShape's fields, as the engine wrote them
     decode: StageStats
     prefill: StageStats
     decode_tok_s: float
@@ -136,40 +114,40 @@ class LayoutMeasurement:
 
     def stats(self, kind: str) -> StageStats:
         if kind not in STEP_KINDS:
-            raise SolverError(f"step kind {kind!r}: expected one of {', '.join(STEP_KINDS)}")
+            raise ContractError(f"step kind {kind!r}: expected one of {', '.join(STEP_KINDS)}")
         return self.decode if kind == "decode" else self.prefill
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "rig": self.rig, "fingerprint": self.fingerprint, "cut": list(self.cut),
+        return {"model": self.model, "rig": self.rig, "fingerprint": self.fingerprint, "cut": self.cut.to_list(),
                 "shape": dict(self.shape), "decode": self.decode.to_dict(), "prefill": self.prefill.to_dict(),
                 "decode_tok_s": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s,
                 "pool": self.pool.to_dict(), "latency": self.latency.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "measurement") -> LayoutMeasurement:
-        """Parse what the engine sent, naming the field that is wrong (SolverError)."""
+        """Parse what the engine sent, naming the field that is wrong (ContractError)."""
         texts = {}
         for name in ("model", "rig", "fingerprint"):
-            value = _field(data, name, where)
+            value = field(data, name, where)
             if not isinstance(value, str) or not value:
-                raise SolverError(f"{where}.{name}: expected a non-empty string, got {value!r}")
+                raise ContractError(f"{where}.{name}: expected a non-empty string, got {value!r}")
             texts[name] = value
-        cut = _field(data, "cut", where)
+        cut = field(data, "cut", where)
         if not isinstance(cut, list | tuple) or not cut or any(
                 isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in cut):
-            raise SolverError(f"{where}.cut: expected positive layer counts per rank, got {cut!r}")
-        shape = _field(data, "shape", where)
+            raise ContractError(f"{where}.cut: expected positive layer counts per rank, got {cut!r}")
+        shape = field(data, "shape", where)
         if not isinstance(shape, dict):
-            raise SolverError(f"{where}.shape: expected an object, got {shape!r}")
-        measurement = cls(cut=tuple(cut), shape=shape, **texts,
-                          decode=StageStats.from_dict(_field(data, "decode", where), f"{where}.decode"),
-                          prefill=StageStats.from_dict(_field(data, "prefill", where), f"{where}.prefill"),
-                          decode_tok_s=_number(_field(data, "decode_tok_s", where), f"{where}.decode_tok_s"),
-                          prefill_tok_s=_number(_field(data, "prefill_tok_s", where), f"{where}.prefill_tok_s"),
-                          pool=PoolFigures.from_dict(_field(data, "pool", where), f"{where}.pool"),
-                          latency=Latency.from_dict(_field(data, "latency", where), f"{where}.latency"))
+            raise ContractError(f"{where}.shape: expected an object, got {shape!r}")
+        measurement = cls(cut=Cut(tuple(cut)), shape=shape, **texts,
+                          decode=StageStats.from_dict(field(data, "decode", where), f"{where}.decode"),
+                          prefill=StageStats.from_dict(field(data, "prefill", where), f"{where}.prefill"),
+                          decode_tok_s=number(field(data, "decode_tok_s", where), f"{where}.decode_tok_s"),
+                          prefill_tok_s=number(field(data, "prefill_tok_s", where), f"{where}.prefill_tok_s"),
+                          pool=PoolFigures.from_dict(field(data, "pool", where), f"{where}.pool"),
+                          latency=Latency.from_dict(field(data, "latency", where), f"{where}.latency"))
         for kind in STEP_KINDS:
             per_rank = measurement.stats(kind).median_ms
             if per_rank is not None and len(per_rank) != len(measurement.cut):
-                raise SolverError(f"{where}.{kind}.median_ms: {len(per_rank)} ranks, the cut has {len(cut)}")
+                raise ContractError(f"{where}.{kind}.median_ms: {len(per_rank)} ranks, the cut has {len(cut)}")
         return measurement
