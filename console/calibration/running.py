@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from console.calibration.models import MeasuredLayout
-from console.jobs.engine_client import EngineClient, EngineError
+from console.engine import EngineClient, EngineError
 from solvers.calibration import Sample
 from solvers.census import ModelCensus, load_census
 from solvers.errors import SolverError
