@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from console.calibration import predictions
 from console.calibration.models import MeasuredLayout, MeasurementSource
-from console.jobs.engine_client import EngineClient, EngineError
+from console.engine import EngineClient, EngineError
 from console.jobs.models import Job
 from contracts.errors import ContractError
 from contracts.measurement import LayoutMeasurement

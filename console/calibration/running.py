@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from console.calibration.models import MeasuredLayout
-from console.jobs.engine_client import EngineClient, EngineError
+from console.engine import EngineClient, EngineError
 from contracts.errors import ContractError
 from contracts.layout import ServingShape
 from solvers.calibration import Sample

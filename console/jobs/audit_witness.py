@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from console.audit.verification import WitnessUnavailable
-from console.jobs.engine_client import EngineClient, EngineError
+from console.engine import EngineClient, EngineError
 
 __all__ = ["engine_witness"]
 

@@ -32,9 +32,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.audit.services import record
+from console.engine import EngineClient, EngineError, EngineState
 from console.jobs import webhooks
 from console.jobs.choices import JobStatus
-from console.jobs.engine_client import EngineClient, EngineError, EngineState
 from console.jobs.models import Job, LayoutCause, LayoutObservation
 
 __all__ = ["RESTARTED_MID_APPLY", "UNEXPLAINED_CHANGE", "led_there", "note_job_end", "note_restart_mid_apply",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from console.engine import EngineClient, EngineError, EngineRefused, EngineUnreachable
 from console.jobs.choices import JobKind
-from console.jobs.engine_client import EngineClient, EngineError, EngineRefused, EngineUnreachable
 from console.jobs.errors import Conflict, EngineUnavailable, InvalidProposal, PlanInfeasible
 from console.jobs.shape_fit import advise_length
 from contracts.errors import ContractError

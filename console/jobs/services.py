@@ -37,9 +37,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.audit.services import record
+from console.engine import EngineClient
 from console.jobs import planning, schedule, webhooks
 from console.jobs.choices import ACTIVE, CANCELLABLE, JobKind, JobStatus, SpeedVerdict
-from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict, InvalidProposal, JobError, NotAllowed
 from console.jobs.execution import finish, hand_off, note_engine_boot, record_operation, report_progress, start
 from console.jobs.models import Approval, Job, LayoutCause

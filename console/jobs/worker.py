@@ -40,10 +40,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.calibration import recording
-from console.jobs import layout_watch, services
-from console.jobs.attestation import CannotAttest, attest
-from console.jobs.choices import JobStatus
-from console.jobs.engine_client import (
+from console.engine import (
     OPERATION_DONE,
     EngineClient,
     EngineError,
@@ -52,6 +49,9 @@ from console.jobs.engine_client import (
     EngineUnreachable,
     Operation,
 )
+from console.jobs import layout_watch, services
+from console.jobs.attestation import CannotAttest, attest
+from console.jobs.choices import JobStatus
 from console.jobs.errors import JobError
 from console.jobs.models import Approval, Job
 from contracts.errors import ContractError

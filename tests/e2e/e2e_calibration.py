@@ -46,7 +46,7 @@ def _measure(until: float) -> str:
 
 def _wrong_arms(avoid: list[list[int]]) -> list[list[int]]:
     from console.calibration import recording
-    from console.jobs.engine_client import EngineClient
+    from console.engine import EngineClient
 
     with EngineClient() as engine:
         state = engine.state()

@@ -13,9 +13,9 @@ from urllib.parse import urlencode
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
+from console.engine import EngineClient, EngineError
 from console.jobs import planning, schedule, services
 from console.jobs.choices import JobKind
-from console.jobs.engine_client import EngineClient, EngineError
 from console.jobs.errors import EngineUnavailable, InvalidProposal, JobError, NotAllowed, PlanInfeasible
 from console.jobs.refusals import body_digest, refuse_proposal
 from console.jobs.roles import OPERATOR, has_role

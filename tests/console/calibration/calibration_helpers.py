@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from console.calibration import recording
 from console.calibration.models import JobPrediction
-from console.jobs.engine_client import EngineClient
+from console.engine import EngineClient
 from console.jobs.models import Job
 
 URL = "http://engine.test"

@@ -14,9 +14,9 @@ from channels.layers import channel_layers
 from django.db import connection, connections
 
 from console.audit.models import AuditEvent
+from console.engine import EngineClient
 from console.jobs.attestation import attest
 from console.jobs.choices import TERMINAL
-from console.jobs.engine_client import EngineClient
 from console.jobs.events import group_name
 from console.jobs.models import Job
 

@@ -5,7 +5,7 @@ import json
 import httpx
 import pytest
 
-from console.jobs.engine_client import EngineClient, EngineRefused
+from console.engine import EngineClient, EngineRefused
 
 PLAN_HASH = "ab" * 32
 

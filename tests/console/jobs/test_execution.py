@@ -10,8 +10,8 @@ from job_helpers import actions, apply_as_the_worker, at_once, move_engine
 from live_service import LiveService, free_port
 
 from console.audit.models import AuditEvent
+from console.engine import EngineClient
 from console.jobs import services, worker
-from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict
 from console.jobs.models import Approval, Job
 from contracts.attestation import verify_attestation
