@@ -8,60 +8,42 @@
     GET  /control/operations/{id}           -> Operation
     GET  /control/audit-head?trail=         -> the audit head the engine witnessed of one trail, or None
 
-Every call carries the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`, contracts/attestation.py); an
-engine answers 401 without it. An apply also carries the job's approval attestation (console.jobs.attestation).
+The replies are contracts/control.py's and contracts/plan.py's types, parsed here, once: the rest of the console reads
+attributes. Every call carries the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`,
+contracts/attestation.py); an engine answers 401 without it. An apply also carries the job's approval attestation
+(console.jobs.attestation).
 
 A connection that cannot be made, or an answer that does not come in time, is EngineUnreachable (its
 message names the URL and what happened); an answer the engine gives with an error status is EngineRefused
-(its status and the engine's own message).
+(its status and the engine's own message); an answer that does not parse is EngineError naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
 from django.conf import settings
 
 from contracts.attestation import CONTROL_TOKEN_ENV, bearer_token
+from contracts.control import (
+    Accepted,
+    EngineState,
+    Operation,
+    OperationList,
+    Refusal,
+    Witnessed,
+    WitnessedHead,
+)
+from contracts.errors import ContractError
+from contracts.plan import PlanReply
 
-__all__ = ["EngineClient", "EngineError", "EngineRefused", "EngineState", "EngineUnreachable", "Operation",
-           "PlanReply", "OPERATION_DONE"]
+__all__ = ["EngineClient", "EngineError", "EngineRefused", "EngineUnreachable"]
 
 DEFAULT_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 3.0
-OPERATION_DONE = frozenset({"succeeded", "failed", "rolled_back"})
-
-
-class EngineState(TypedDict):
-    fingerprint: str
-    cut: list[int]
-    shape: dict[str, Any]
-    phase: str
-    ranks: list[dict[str, Any]]
-    ladder: dict[str, Any]
-    pool_tokens: NotRequired[int | None]
-    boot_id: NotRequired[str]  # fresh at each start of the engine: another one means it restarted
-
-
-class PlanReply(TypedDict):
-    plan: dict[str, Any]
-    plan_hash: str
-    feasible: bool
-    reasons: list[str]
-
-
-class Operation(TypedDict):
-    id: str
-    status: str  # queued | running | succeeded | failed | rolled_back
-    phase: str
-    progress: float
-    predicted: dict[str, Any] | None
-    measured: dict[str, Any] | None
-    error: str | None
-    previous: NotRequired[dict[str, Any] | None]
-    plan_hash: NotRequired[str]
-    job_id: NotRequired[int | None]  # the console job whose attestation started it
+Reply = TypeVar("Reply")
 
 
 class EngineError(Exception):
@@ -109,41 +91,29 @@ class EngineClient:
 
     # --- the control API -------------------------------------------------------------------------
     def state(self) -> EngineState:
-        return self._call("GET", "/control/state")
+        return self._parsed(EngineState.from_dict, "GET", "/control/state")
 
     def plan(self, kind: str, target: dict, incumbent_fingerprint: str) -> PlanReply:
-        return self._call("POST", "/control/plan", {"kind": kind, "target": target,
-                                                    "incumbent_fingerprint": incumbent_fingerprint})
+        return self._parsed(PlanReply.from_dict, "POST", "/control/plan",
+                            {"kind": kind, "target": target, "incumbent_fingerprint": incumbent_fingerprint})
 
     def apply(self, plan: dict, plan_hash: str, attestation: dict) -> str:
         """Apply the reviewed `plan` with the console's `attestation` of its review; returns the operation id."""
-        reply = self._call("POST", "/control/apply", {"plan": plan, "plan_hash": plan_hash,
-                                                      "attestation": attestation})
-        operation_id = reply.get("operation_id")
-        if not isinstance(operation_id, str) or not operation_id:
-            raise EngineError(f"the engine accepted the plan but named no operation: {reply!r}")
-        return operation_id
+        return self._parsed(Accepted.from_dict, "POST", "/control/apply",
+                            {"plan": plan, "plan_hash": plan_hash, "attestation": attestation}).operation_id
 
     def find_operations(self, plan_hash: str) -> list[Operation]:
         """The operations the engine started for `plan_hash`, oldest first: how a lost operation id is found."""
-        reply = self._call("GET", "/control/operations", params={"plan_hash": plan_hash})
-        operations = reply.get("operations")
-        if not isinstance(operations, list) or not all(isinstance(op, dict) for op in operations):
-            raise EngineError(f"the engine's operations of plan {plan_hash[:16]} are not a list: {reply!r:.200}")
-        return operations
+        return list(self._parsed(OperationList.from_dict, "GET", "/control/operations",
+                                 params={"plan_hash": plan_hash}).operations)
 
     def operation(self, operation_id: str) -> Operation:
-        return self._call("GET", f"/control/operations/{operation_id}")
+        return self._parsed(Operation.from_dict, "GET", f"/control/operations/{operation_id}")
 
-    def audit_head(self, trail: str) -> dict[str, Any] | None:
+    def audit_head(self, trail: str) -> WitnessedHead | None:
         """The newest audit head of `trail` the engine's attestations carried (engine/control/audit_witness.py), or
         None."""
-        reply = self._call("GET", "/control/audit-head", params={"trail": trail})
-        head = reply.get("witnessed")
-        if head is not None and not (isinstance(head, dict) and type(head.get("seq")) is int
-                                     and isinstance(head.get("hash"), str)):
-            raise EngineError(f"the engine's witnessed audit head is not {{seq, hash, ...}}: {reply!r:.200}")
-        return head
+        return self._parsed(Witnessed.from_dict, "GET", "/control/audit-head", params={"trail": trail}).witnessed
 
     # --- plumbing --------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> Any:
@@ -165,11 +135,22 @@ class EngineClient:
         except ValueError:
             data = None
         if response.is_error:
-            message = data.get("error") if isinstance(data, dict) else None
-            message = str(message) if message else response.text[:500]
+            try:
+                message = Refusal.from_dict(data).message
+            except ContractError:  # not the engine's own refusal (a proxy's page, say): its text says what happened
+                message = response.text[:500]
             if response.status_code == 401 and self._tokenless:
                 message += f" (this console holds no control token: set {CONTROL_TOKEN_ENV} in its environment)"
             raise EngineRefused(response.status_code, message)
         if not isinstance(data, dict):
             raise EngineError(f"{where} answered {response.status_code} without a JSON object")
         return data
+
+    def _parsed(self, parse: Callable[[Any], Reply], method: str, path: str, body: dict | None = None,
+                params: dict | None = None) -> Reply:
+        """The reply to one call as its contract type; EngineError naming the field when it does not parse."""
+        data = self._call(method, path, body, params)
+        try:
+            return parse(data)
+        except ContractError as error:
+            raise EngineError(f"{method} {self.base_url}{path} answered a reply that does not parse: {error}") from None

@@ -4,8 +4,8 @@ Every Redis name a keyed stack uses starts with `seam:<key>:` — the Channels l
 and its control and event exchanges, and the engine's telemetry channel — so two `make run` on one host never
 take each other's jobs, websocket messages or telemetry. `make run` always sets a key (`default_stack_key`: from
 the console's port, which no two running stacks share); console processes started by hand without one use the
-libraries' own names and the engine's default channel. An explicit SEAM_TELEMETRY_CHANNEL or
-CELERY_TASK_DEFAULT_QUEUE still wins over the derived name.
+libraries' own names and the engine's default channel (contracts.telemetry.DEFAULT_CHANNEL). An explicit
+SEAM_TELEMETRY_CHANNEL or CELERY_TASK_DEFAULT_QUEUE still wins over the derived name.
 
 No Django here: console/settings.py and launch/run.py both read the names from `stack_names`.
 """
@@ -16,13 +16,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from contracts.telemetry import DEFAULT_CHANNEL
+
 __all__ = ["STACK_ENV", "StackNames", "check_stack_key", "default_stack_key", "stack_names"]
 
 STACK_ENV = "SEAM_STACK"
 # Safe inside a Redis key, a Celery queue name and a channel-layer prefix alike.
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-# The engine's own default for `engine serve --telemetry-channel` (repeated, not imported: console != engine).
-ENGINE_DEFAULT_TELEMETRY_CHANNEL = "seam:telemetry"
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def stack_names(environ: Mapping[str, str]) -> StackNames:
     CELERY_TASK_DEFAULT_QUEUE kept; ValueError naming SEAM_STACK for a key that is not a plain name."""
     key = environ.get(STACK_ENV) or None
     if key is None:  # the names every library and the engine use by default
-        names = StackNames(None, ENGINE_DEFAULT_TELEMETRY_CHANNEL, "celery", "celery", "celeryev", "asgi")
+        names = StackNames(None, DEFAULT_CHANNEL, "celery", "celery", "celeryev", "asgi")
     else:
         space = f"seam:{check_stack_key(key)}"
         names = StackNames(key, f"{space}:telemetry", f"{space}:jobs", f"{space}:control", f"{space}:events",

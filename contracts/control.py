@@ -2,10 +2,12 @@
 
     GET  /control/state                  -> EngineState
     POST /control/plan                   -> PlanReply (contracts/plan.py)
-    GET  /control/operations?plan_hash=  -> {"operations": [Operation]}
+    POST /control/apply                  -> Accepted (202)
+    GET  /control/operations?plan_hash=  -> OperationList
     GET  /control/operations/{id}        -> Operation
-    GET  /control/audit-head?trail=      -> {"witnessed": WitnessedHead | null}
+    GET  /control/audit-head?trail=      -> Witnessed
     GET  /healthz                        -> Health
+    any refusal (4xx, 5xx)               -> Refusal
 
 The engine builds these types and writes them with `to_dict`; the console reads them with `from_dict`, which keeps
 the fields an older engine may leave out optional (None, or empty) and names the first field that does not parse.
@@ -23,7 +25,8 @@ from contracts.layout import Cut, ServingShape
 from contracts.measurement import LayoutMeasurement
 from contracts.reading import count, field, flag, mapping, number, obj, path, text, texts
 
-__all__ = ["EngineState", "Health", "LadderState", "Operation", "OperationStatus", "WitnessedHead"]
+__all__ = ["Accepted", "EngineState", "Health", "LadderState", "LayoutFigures", "Operation", "OperationList",
+           "OperationStatus", "Refusal", "Witnessed", "WitnessedHead"]
 
 
 class OperationStatus(StrEnum):
@@ -49,22 +52,65 @@ class OperationStatus(StrEnum):
 
 
 @dataclass(frozen=True)
+class LayoutFigures:
+    """An operation's figures of one layout: its pool (the binding rank's, None without attention layers), the rank
+    that binds it, and per rank the planner's table row (predicted) or the rank's build report (measured, previous),
+    carried as they came; `switch_cost_s` the predicted and `switch_s` the measured time of a ladder switch."""
+
+    pool_tokens: int | None
+    binding_rank: int | None
+    ranks: tuple[dict[str, Any], ...]
+    switch_cost_s: float | None = None
+    switch_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        figures: dict[str, Any] = {"pool_tokens": self.pool_tokens, "binding_rank": self.binding_rank,
+                                   "ranks": [dict(row) for row in self.ranks]}
+        if self.switch_cost_s is not None:
+            figures["switch_cost_s"] = self.switch_cost_s
+        if self.switch_s is not None:
+            figures["switch_s"] = self.switch_s
+        return figures
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> LayoutFigures:
+        ranks = field(data, "ranks", where)
+        if not isinstance(ranks, list) or not all(isinstance(row, dict) for row in ranks):
+            raise ContractError(f"{path(where, 'ranks')}: expected one object per rank")
+        return cls(pool_tokens=count(field(data, "pool_tokens", where), path(where, "pool_tokens"), allow_none=True),
+                   binding_rank=count(field(data, "binding_rank", where), path(where, "binding_rank"),
+                                      allow_none=True),
+                   ranks=tuple(dict(row) for row in ranks),
+                   switch_cost_s=number(data.get("switch_cost_s"), path(where, "switch_cost_s"), allow_none=True),
+                   switch_s=number(data.get("switch_s"), path(where, "switch_s"), allow_none=True))
+
+
+def _dict_of(figures: LayoutFigures | None) -> dict[str, Any] | None:
+    return None if figures is None else figures.to_dict()
+
+
+def _figures(data: Any, name: str, where: str, *, required: bool) -> LayoutFigures | None:
+    value = field(data, name, where) if required else data.get(name)
+    return None if value is None else LayoutFigures.from_dict(value, path(where, name))
+
+
+@dataclass(frozen=True)
 class Operation:
-    """One reconfiguration (or recovery) the engine ran or runs. `predicted`, `measured` and `previous` are the pool
-    figures `{pool_tokens, binding_rank, ranks, ...}` of the plan, of the layout built, and of the layout a rollback
-    restored; `job_id` is the console job whose attested review started it."""
+    """One reconfiguration (or recovery) the engine ran or runs. `predicted`, `measured` and `previous` are the figures
+    of the plan, of the layout built, and of the layout a rollback restored; `job_id` is the console job whose attested
+    review started it."""
 
     id: str
     status: OperationStatus
     phase: str
     progress: float
-    predicted: dict[str, Any] | None
-    measured: dict[str, Any] | None
+    predicted: LayoutFigures | None
+    measured: LayoutFigures | None
     error: str | None
     kind: str | None = None  # cut | shape | ladder | recovery
     target: dict[str, Any] | None = None
     plan_hash: str | None = None  # "" for a recovery
-    previous: dict[str, Any] | None = None
+    previous: LayoutFigures | None = None
     notes: tuple[str, ...] = ()
     job_id: int | None = None
     started: float | None = None
@@ -73,7 +119,8 @@ class Operation:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "kind": self.kind, "target": self.target, "plan_hash": self.plan_hash,
                 "status": self.status.value, "phase": self.phase, "progress": self.progress,
-                "predicted": self.predicted, "measured": self.measured, "previous": self.previous,
+                "predicted": _dict_of(self.predicted), "measured": _dict_of(self.measured),
+                "previous": _dict_of(self.previous),
                 "error": self.error, "notes": list(self.notes), "job_id": self.job_id, "started": self.started,
                 "finished": self.finished}
 
@@ -91,13 +138,13 @@ class Operation:
                    status=OperationStatus.parse(field(data, "status", where), at("status")),
                    phase=text(field(data, "phase", where), at("phase")),
                    progress=number(field(data, "progress", where), at("progress")),
-                   predicted=mapping(field(data, "predicted", where), at("predicted"), allow_none=True),
-                   measured=mapping(field(data, "measured", where), at("measured"), allow_none=True),
+                   predicted=_figures(data, "predicted", where, required=True),
+                   measured=_figures(data, "measured", where, required=True),
                    error=text(field(data, "error", where), at("error"), allow_none=True),
                    kind=text(data.get("kind"), at("kind"), allow_none=True),
                    target=mapping(data.get("target"), at("target"), allow_none=True),
                    plan_hash=text(data.get("plan_hash"), at("plan_hash"), allow_none=True),
-                   previous=mapping(data.get("previous"), at("previous"), allow_none=True),
+                   previous=_figures(data, "previous", where, required=False),
                    notes=texts(data.get("notes") or [], at("notes")), job_id=job_id,
                    started=number(data.get("started"), at("started"), allow_none=True),
                    finished=number(data.get("finished"), at("finished"), allow_none=True))
@@ -278,3 +325,64 @@ class WitnessedHead:
                    hash=text(field(data, "hash", where), at("hash")),
                    issued_at=number(field(data, "issued_at", where), at("issued_at")),
                    rolled_back=mapping(field(data, "rolled_back", where), at("rolled_back"), allow_none=True))
+
+
+@dataclass(frozen=True)
+class Witnessed:
+    """GET /control/audit-head?trail=: the engine's witnessed head of that trail, or None when it has none."""
+
+    witnessed: WitnessedHead | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"witnessed": None if self.witnessed is None else self.witnessed.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "") -> Witnessed:
+        head = field(data, "witnessed", where)
+        return cls(None if head is None else WitnessedHead.from_dict(head, path(where, "witnessed")))
+
+
+@dataclass(frozen=True)
+class OperationList:
+    """GET /control/operations?plan_hash=: the operations started for one plan, oldest first."""
+
+    operations: tuple[Operation, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"operations": [operation.to_dict() for operation in self.operations]}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "") -> OperationList:
+        operations = field(data, "operations", where)
+        if not isinstance(operations, list):
+            raise ContractError(f"{path(where, 'operations')}: expected a list, got {type(operations).__name__}")
+        return cls(tuple(Operation.from_dict(item, f"{path(where, 'operations')}[{index}]")
+                         for index, item in enumerate(operations)))
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """POST /control/apply's 202: the id of the operation started for the plan."""
+
+    operation_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"operation_id": self.operation_id}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "") -> Accepted:
+        return cls(text(field(data, "operation_id", where), path(where, "operation_id"), allow_empty=False))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Any refusal of the control API and the open routes: `{"error": message}` (/v1 answers in OpenAI's shape)."""
+
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.message}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "") -> Refusal:
+        return cls(text(field(data, "error", where), path(where, "error"), allow_empty=False))

@@ -18,7 +18,8 @@ from contracts.layout import Cut
 from contracts.measurement import LayoutMeasurement
 from contracts.reading import count, field, flag, mapping, number, obj, path, text
 
-__all__ = ["DEFAULT_CHANNEL", "EngineSnapshot", "MemoryUse", "RankSnapshot", "Snapshot", "telemetry_keys"]
+__all__ = ["DEFAULT_CHANNEL", "EngineSnapshot", "MemoryUse", "RankSnapshot", "Snapshot", "published_seq",
+           "telemetry_keys"]
 
 DEFAULT_CHANNEL = "seam:telemetry"
 USED_CATEGORIES = ("weights", "kv_pool", "state_pool", "arena", "workspace", "other")
@@ -27,6 +28,13 @@ USED_CATEGORIES = ("weights", "kv_pool", "state_pool", "arena", "workspace", "ot
 def telemetry_keys(channel: str) -> tuple[str, str]:
     """(latest, recent) keys of a channel: `seam:telemetry` gives `seam:telemetry:latest` / `:recent`."""
     return f"{channel}:latest", f"{channel}:recent"
+
+
+def published_seq(data: Any) -> int | None:
+    """The seq of what came off a telemetry channel, None when it has none: all a relay needs to order and gap-fill
+    (the console's bridge forwards snapshots as they were published)."""
+    seq = data.get("seq") if isinstance(data, dict) else None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
 
 
 def _int(value: Any, where: str) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from contracts.errors import ContractError
+from contracts.telemetry import DEFAULT_CHANNEL
 from engine.errors import EngineError
 from solvers.errors import SolverError
 
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_positive, default=8100)
     serve.add_argument("--redis-url", help="publish telemetry here (default: $REDIS_URL; none: no publishing)")
     serve.add_argument("--telemetry-hz", type=float, default=4.0)
-    serve.add_argument("--telemetry-channel", default="seam:telemetry", help="Redis pub/sub channel")
+    serve.add_argument("--telemetry-channel", default=DEFAULT_CHANNEL, help="Redis pub/sub channel")
     serve.add_argument("--ladder", help="arm a layout ladder: rungs as cuts separated by ';', e.g. '7,5,4;8,4,4' "
                                         "(the serving cut must be one of them)")
     serve.add_argument("--state-dir", type=Path, metavar="DIR",

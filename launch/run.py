@@ -25,8 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from console.private_files import make_private, use_private_umask
-from console.stack import ENGINE_DEFAULT_TELEMETRY_CHANNEL, STACK_ENV, default_stack_key, stack_names
+from console.stack import STACK_ENV, default_stack_key, stack_names
 from contracts.attestation import API_KEY_ENV
+from contracts.telemetry import DEFAULT_CHANNEL
 from launch.demo_traffic import DemoTraffic
 from launch.engine import ENGINE_URL_ENV, check_external_engine, checked_ladder, demo_engine_command
 from launch.local_redis import find_or_start_redis, shown_url
@@ -50,7 +51,7 @@ def stack_keys(environ: Mapping[str, str], console_port: int, own_engine: bool) 
     except ValueError as error:
         sys.exit(str(error))
     channel = names.telemetry_channel if own_engine else (environ.get("SEAM_TELEMETRY_CHANNEL")
-                                                            or ENGINE_DEFAULT_TELEMETRY_CHANNEL)
+                                                            or DEFAULT_CHANNEL)
     return {STACK_ENV: key, "SEAM_TELEMETRY_CHANNEL": channel}
 
 

@@ -48,7 +48,7 @@ from console.jobs.choices import JobStatus
 from console.jobs.errors import JobNotFound
 from console.jobs.models import Job
 from console.jobs.refusals import body_digest, refuse_proposal, refuse_verb
-from console.live.bridge import telemetry_keys
+from contracts.telemetry import telemetry_keys
 
 __all__ = ["AuditViewSet", "FrontierView", "JobViewSet", "NoRoute", "RevokeTokenView", "SchemaView",
            "TelemetryLatestView", "TokenView", "docs_page"]

@@ -20,6 +20,7 @@ from typing import Any
 from console.audit.anchor import Anchors, AnchorState, read_anchors
 from console.audit.chain import CONTENT_FIELDS, compute_hash, event_content
 from console.audit.models import GENESIS_HASH, AuditEvent, ChainScheme
+from contracts.control import WitnessedHead
 from contracts.errors import ContractError
 
 __all__ = ["VerifyResult", "Witness", "WitnessState", "WitnessUnavailable", "verify_chain"]
@@ -39,8 +40,8 @@ class WitnessUnavailable(Exception):
     """The witness could not be read; the message says why."""
 
 
-# trail (the first event's hash) -> the engine's witnessed {seq, hash, rolled_back, ...} of it, or None
-Witness = Callable[[str], dict[str, Any] | None]
+# trail (the first event's hash) -> the engine's witnessed head of it, or None
+Witness = Callable[[str], WitnessedHead | None]
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def verify_chain(witness: Witness | None = None) -> VerifyResult:
             legacy += 1
         elif first_keyed is None:
             first_keyed = seq
-        if head is not None and seq == head["seq"]:
+        if head is not None and seq == head.seq:
             found = row["hash"]
         prev_hash, checked = row["hash"], checked + 1
     if anchors.newest is not None and anchors.newest > checked:
@@ -168,7 +169,7 @@ class _Witnessed:
     note: str | None = "verify was not asked to hold the chain against the engine's witnessed head"
 
 
-def _read_witness(witness: Witness | None, trail: str | None) -> tuple[dict[str, Any] | None, _Witnessed]:
+def _read_witness(witness: Witness | None, trail: str | None) -> tuple[WitnessedHead | None, _Witnessed]:
     """The head `witness` names for `trail` (None when none) and what to say about it."""
     if witness is None:
         return None, _Witnessed()
@@ -183,20 +184,20 @@ def _read_witness(witness: Witness | None, trail: str | None) -> tuple[dict[str,
     if head is None:
         return None, _Witnessed(WitnessState.UNWITNESSED, note="the engine has witnessed no head of this trail yet "
                                                                "(no job was applied since the trail began)")
-    return head, _Witnessed(WitnessState.WITNESSED, head["seq"], None)
+    return head, _Witnessed(WitnessState.WITNESSED, head.seq, None)
 
 
-def _rolled_back(head: dict[str, Any] | None, found: str | None, checked: int) -> str | None:
+def _rolled_back(head: WitnessedHead | None, found: str | None, checked: int) -> str | None:
     """Why the chain does not hold the witnessed head: the database went back to an older (or another) copy."""
     if head is None:
         return None
-    seq = head["seq"]
-    if head.get("rolled_back"):
-        return f"rolled back: the engine refused this trail's attestation: {head['rolled_back']['problem']}"
+    seq = head.seq
+    if head.rollback_problem is not None:
+        return f"rolled back: the engine refused this trail's attestation: {head.rollback_problem}"
     if found is None:
         return (f"rolled back: the engine witnessed event #{seq} but the chain ends at #{checked}: the database was "
                 "restored to an older copy (with the anchor file cut to match, or the anchor would have said so)")
-    if not hmac.compare_digest(found, head["hash"]):
+    if not hmac.compare_digest(found, head.hash):
         return (f"rolled back: event #{seq} is not the one the engine witnessed: the database was restored to "
                 "another copy and rewritten from there on")
     return None

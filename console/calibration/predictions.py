@@ -24,6 +24,7 @@ from console.calibration.models import JobPrediction, MeasuredLayout
 from console.calibration.running import fit_samples, newest_per_layout
 from console.jobs import verdicts
 from console.jobs.models import Job, LayoutObservation
+from contracts.control import EngineState
 from solvers.errors import SolverError
 from solvers.rig import load_rig
 from solvers.verdict import relative_error, speedup
@@ -65,23 +66,23 @@ def _timing(model: str | None, rig_name: str | None, before: Sequence[int], star
         return None
 
 
-def predict(job: Job, state: dict, row: MeasuredLayout | None, engine_url: str) -> JobPrediction:
+def predict(job: Job, state: EngineState, row: MeasuredLayout | None, engine_url: str) -> JobPrediction:
     """The job's prediction, made as its operation ended on the engine; `state` is the engine's state then."""
     planned = job.prediction if isinstance(job.prediction, dict) else {}
-    after = list(planned.get("cut") or state["cut"])
+    after = list(planned.get("cut") or state.cut)
     before = _cut_of(job.incumbent_fingerprint)
     notes: list[str] = [] if before else [f"the layout before the job ({job.incumbent_fingerprint}) was never "
                                           "measured or seen: no speedup predicted"]
-    comparable = list(state["cut"]) == after and state.get("shape") == planned.get("shape")
+    comparable = state.cut.to_list() == after and state.shape.to_dict() == planned.get("shape")
     if not comparable:
-        notes.append(f"the engine runs {state['cut']} with its shape, not the predicted {after}: no errors computed")
-    model, rig = (row.model, row.rig) if row else (state.get("model"), state.get("rig"))
+        notes.append(f"the engine runs {state.cut} with its shape, not the predicted {after}: no errors computed")
+    model, rig = (row.model, row.rig) if row else (state.model, state.rig)
     timing = _timing(model, rig, before or after, job.started_at or timezone.now(), notes)
     predicted_pool = planned.get("pool_tokens")
     measured_pool = row.pool_allocated if row else None
     prediction = JobPrediction(
         job=job, engine_url=engine_url[:255], before_cut=before, before_fingerprint=job.incumbent_fingerprint[:64],
-        after_cut=after, resulting_cut=list(state["cut"]), resulting_fingerprint=str(state["fingerprint"])[:64],
+        after_cut=after, resulting_cut=state.cut.to_list(), resulting_fingerprint=state.fingerprint[:64],
         comparable=comparable, predicted_pool=predicted_pool, measured_pool=measured_pool,
         pool_error=_error(measured_pool, predicted_pool) if comparable else None, notes=notes)
     if timing is not None:

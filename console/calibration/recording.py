@@ -24,7 +24,7 @@ from console.calibration import predictions
 from console.calibration.models import MeasuredLayout, MeasurementSource
 from console.engine import EngineClient, EngineError
 from console.jobs.models import Job
-from contracts.errors import ContractError
+from contracts.control import EngineState
 from contracts.measurement import LayoutMeasurement
 
 __all__ = ["DEFAULT_MEASURE_S", "measure", "note_job_end", "record"]
@@ -38,15 +38,11 @@ def measure_interval_s() -> float:
     return float(getattr(settings, "SEAM_MEASURE_S", DEFAULT_MEASURE_S))
 
 
-def _parse(state: object, url: str) -> tuple[LayoutMeasurement | None, str]:
+def _parse(state: EngineState, url: str) -> tuple[LayoutMeasurement | None, str]:
     """The state's measurement, or None and why (logged): missing, or naming the field that does not parse."""
-    if not isinstance(state, dict) or "measurement" not in state:
-        why = "the engine's state has no `measurement` (an engine too old to report one?)"
-    else:
-        try:
-            return LayoutMeasurement.from_dict(state["measurement"]), ""
-        except ContractError as error:
-            why = str(error)
+    if state.measurement is not None:
+        return state.measurement, ""
+    why = state.measurement_error or "the engine's state has no `measurement` (an engine too old to report one?)"
     log.warning("no measurement recorded from %s: %s", url, why)
     return None, why
 
@@ -60,8 +56,9 @@ def _save(measurement: LayoutMeasurement, source: str, job: Job | None, url: str
     return row
 
 
-def record(state: dict, source: str, job: Job | None = None, engine_url: str | None = None) -> MeasuredLayout | None:
-    """Record `state["measurement"]`; None (logged with the reason) when it is missing or does not parse."""
+def record(state: EngineState, source: str, job: Job | None = None,
+           engine_url: str | None = None) -> MeasuredLayout | None:
+    """Record the state's measurement; None (logged with the reason) when it is missing or did not parse."""
     if source not in MeasurementSource.values:
         raise ValueError(f"source {source!r}: expected one of {', '.join(MeasurementSource.values)}")
     url = engine_url or settings.ENGINE_URL
@@ -69,7 +66,7 @@ def record(state: dict, source: str, job: Job | None = None, engine_url: str | N
     return None if measurement is None else _save(measurement, source, job, url)
 
 
-def note_job_end(job: Job, state: dict, engine_url: str) -> None:
+def note_job_end(job: Job, state: EngineState, engine_url: str) -> None:
     """The job's operation ended: record the layout the engine runs now (its `state`, read by the worker) and the
     job's prediction against it."""
     try:

@@ -23,8 +23,9 @@ from django.db.models import QuerySet
 
 from console.calibration.models import MeasuredLayout
 from console.engine import EngineClient, EngineError
+from contracts.control import EngineState
 from contracts.errors import ContractError
-from contracts.layout import ServingShape
+from contracts.layout import Cut, ServingShape
 from solvers.calibration import Sample
 from solvers.census import ModelCensus, load_census
 from solvers.rig import Rig, load_rig
@@ -59,7 +60,7 @@ class RunningLayout:
         return self.cut if self.cut is not None else self.rig.incumbent_for(self.census.num_layers)[0]
 
 
-def engine_state() -> tuple[dict | None, str | None]:
+def engine_state() -> tuple[EngineState | None, str | None]:
     """GET /control/state of the configured engine: (state, None), or (None, why it could not be read)."""
     try:
         with EngineClient() as engine:
@@ -73,7 +74,7 @@ def model_label(census: ModelCensus) -> str:
 
 
 def _is_cut_of(cut: object, census: ModelCensus, rig: Rig) -> bool:
-    return (isinstance(cut, list | tuple) and len(cut) == rig.size and sum(cut) == census.num_layers
+    return (isinstance(cut, list | tuple | Cut) and len(cut) == rig.size and sum(cut) == census.num_layers
             and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in cut))
 
 
@@ -84,19 +85,14 @@ def running_layout(census: ModelCensus | None = None, rig: Rig | None = None) ->
     state, why = engine_state()
     if state is not None:
         notes = []
-        if state.get("rig") not in (None, rig.name):
-            notes.append(f"the engine reports rig {state.get('rig')!r} but SEAM_RIG loads {rig.name!r}: configure the "
+        if state.rig not in (None, rig.name):
+            notes.append(f"the engine reports rig {state.rig!r} but SEAM_RIG loads {rig.name!r}: configure the "
                          "console with the rig the engine was started with")
-        if _is_cut_of(state.get("cut"), census, rig):
-            try:
-                shape = ServingShape.from_dict(state.get("shape"), "engine state shape")
-            except (ContractError, TypeError) as error:
-                notes.append(f"the engine's shape is unreadable ({error}): the rig's default shape is used")
-                shape = None
-            return RunningLayout(census, rig, tuple(state["cut"]), shape, ENGINE, state.get("model"),
-                                 state.get("fingerprint"), tuple(notes))
-        why = (f"its cut {state.get('cut')!r} is not a cut of {model_label(census)} on {rig.name} ({rig.size} ranks, "
-               f"{census.num_layers} layers)")
+        if _is_cut_of(state.cut, census, rig):
+            return RunningLayout(census, rig, state.cut.layers, state.shape, ENGINE, state.model, state.fingerprint,
+                                 tuple(notes))
+        why = (f"its cut {state.cut.to_list()!r} is not a cut of {model_label(census)} on {rig.name} ({rig.size} "
+               f"ranks, {census.num_layers} layers)")
     newest = next((row for row in MeasuredLayout.objects.filter(rig=rig.name)
                    if _is_cut_of(row.cut, census, rig)), None)
     if newest is not None:

@@ -3,15 +3,14 @@ attestations it accepted (engine/control/audit_witness.py), which the console's 
 
 from __future__ import annotations
 
-from typing import Any
-
 from console.audit.verification import WitnessUnavailable
 from console.engine import EngineClient, EngineError
+from contracts.control import WitnessedHead
 
 __all__ = ["engine_witness"]
 
 
-def engine_witness(trail: str) -> dict[str, Any] | None:
+def engine_witness(trail: str) -> WitnessedHead | None:
     """The engine's witnessed head of `trail` (None when it has none); WitnessUnavailable saying why it could not be
     asked (unreachable, refused, or an answer that makes no sense)."""
     try:

@@ -13,6 +13,7 @@ from console.audit.services import record
 from console.jobs.choices import JobStatus
 from console.jobs.models import Job
 from console.jobs.transitions import job_id_of, lost, pool_of, publish_job_id, publish_on_commit, subject_of, transition
+from contracts.control import Operation
 
 __all__ = ["WORKER_ENDINGS", "finish", "hand_off", "note_engine_boot", "record_operation", "report_progress", "start"]
 
@@ -68,24 +69,25 @@ def report_progress(job: Job | int, *, phase: str, progress: float) -> bool:
     return bool(changed)
 
 
-def finish(job: Job | int, status: str, *, error: str = "", operation: dict | None = None,
+def finish(job: Job | int, status: str, *, error: str = "", operation: Operation | None = None,
            reconciled: bool = False) -> Job:
     """End a running job: succeeded | failed | rolled_back | stale, with the engine's operation record if any."""
     if status not in WORKER_ENDINGS:
         raise ValueError(f"a worker ends a job succeeded, failed, rolled_back or stale, not {status!r}")
     job_id = job_id_of(job)
-    measured = operation.get("measured") if operation else None
-    fields = {"error": (error or "")[:10000], "finished_at": timezone.now(), "operation": operation,
-              "measured": measured}
+    measured = operation.measured if operation else None
+    fields = {"error": (error or "")[:10000], "finished_at": timezone.now(),
+              "operation": operation.to_dict() if operation else None,
+              "measured": measured.to_dict() if measured else None}
     if operation:
-        fields["phase"] = str(operation.get("phase") or "")[:32]
-        fields["progress"] = float(operation.get("progress") or 0.0)
+        fields["phase"] = operation.phase[:32]
+        fields["progress"] = operation.progress
     payload = {"error": fields["error"], "reconciled": reconciled, "operation_id": None,
                "measured_pool_tokens": pool_of(measured)}
     if operation:
-        payload.update(operation_id=operation.get("id"), engine_status=operation.get("status"),
-                       engine_predicted_pool_tokens=pool_of(operation.get("predicted")),
-                       previous_pool_tokens=pool_of(operation.get("previous")))
+        payload.update(operation_id=operation.id, engine_status=operation.status.value,
+                       engine_predicted_pool_tokens=pool_of(operation.predicted),
+                       previous_pool_tokens=pool_of(operation.previous))
     return transition(job_id, JobStatus.RUNNING, status, actor=None, payload=payload, **fields)
 
 

@@ -32,10 +32,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.audit.services import record
-from console.engine import EngineClient, EngineError, EngineState
+from console.engine import EngineClient, EngineError
 from console.jobs import webhooks
 from console.jobs.choices import JobStatus
 from console.jobs.models import Job, LayoutCause, LayoutObservation
+from contracts.control import EngineState
 
 __all__ = ["RESTARTED_MID_APPLY", "UNEXPLAINED_CHANGE", "led_there", "note_job_end", "note_restart_mid_apply",
            "recent_restart_mid_apply", "recent_unexplained_change", "restarted_since", "watch"]
@@ -51,34 +52,31 @@ _ENDED_ON_ENGINE = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.ROLLED_BACK
 WARN_FOR = timedelta(days=7)
 
 
-def _layout(state: EngineState) -> dict:
-    return {"fingerprint": state["fingerprint"], "cut": state["cut"], "shape": state["shape"]}
-
-
 def note_job_end(job: Job, state: EngineState, engine_url: str) -> None:
     """The job's operation has ended: the layout the engine runs now (its `state`, read by the worker) is the job's
     doing."""
     known = LayoutObservation.objects.known(engine_url)
     LayoutObservation.objects.create(engine_url=engine_url, cause=LayoutCause.JOB, job=job,
-                                     before=known.layout() if known else None, **_layout(state))
+                                     before=known.layout() if known else None, **state.layout())
 
 
 def restarted_since(job: Job, state: EngineState) -> bool:
     """Whether the engine has restarted since the worker gave it the job's plan: another boot id than the one the job
     applied to. Without both ids nothing tells, and this says no."""
-    boot_id = state.get("boot_id") or ""
+    boot_id = state.boot_id or ""
     return bool(job.engine_boot_id and boot_id and boot_id != job.engine_boot_id)
 
 
 def led_there(job: Job, state: EngineState) -> bool:
     """Whether the engine's layout is one the job's operation could have left it on: the layout the job started from
     (a rollback's) or the job's target (its incumbent's shape with the target's cut and shape fields)."""
-    if state["fingerprint"] == job.incumbent_fingerprint:
+    if state.fingerprint == job.incumbent_fingerprint:
         return True
     shape = {**((job.incumbent_layout or {}).get("shape") or {}),
              **{name: value for name, value in job.target.items() if name not in ("cut", "rung")}}
-    return (state["cut"] == (job.prediction or {}).get("cut")
-            and all(state["shape"].get(name) == value for name, value in shape.items()))
+    running_shape = state.shape.to_dict()
+    return (state.cut.to_list() == (job.prediction or {}).get("cut")
+            and all(running_shape.get(name) == value for name, value in shape.items()))
 
 
 def note_restart_mid_apply(job: Job, state: EngineState, engine_url: str) -> LayoutObservation:
@@ -87,17 +85,17 @@ def note_restart_mid_apply(job: Job, state: EngineState, engine_url: str) -> Lay
     event (actor: the system) and, on commit, the webhook of that name. Call it in the transaction that ends the
     job, so the alert and the job's end commit together."""
     known = LayoutObservation.objects.known(engine_url)
-    before, now = known.layout() if known else job.incumbent_layout, _layout(state)
+    before, now = known.layout() if known else job.incumbent_layout, state.layout()
     seen = LayoutObservation.objects.create(engine_url=engine_url, cause=LayoutCause.RESTARTED_MID_APPLY, job=job,
                                             before=before, **now)
     engine = {"url": engine_url, "before": before, "after": now, "boot_id_before": job.engine_boot_id,
-              "boot_id_after": state.get("boot_id") or ""}
+              "boot_id_after": state.boot_id or ""}
     record(actor=None, action=RESTARTED_MID_APPLY, subject=f"engine:{engine_url}"[:255], before=before, after=now,
            payload={**engine, "job": job.pk, "target": job.target, "observation": seen.pk,
                     "cause": f"the engine restarted under job {job.pk}'s apply, on a layout the job did not lead to"})
     transaction.on_commit(partial(_announce_restart, job.pk, engine), robust=True)
     log.warning("the engine at %s restarted under job %s's apply and came back on layout %s, which the job did not "
-                "lead to", engine_url, job.pk, now["fingerprint"])
+                "lead to", engine_url, job.pk, state.fingerprint)
     return seen
 
 
@@ -116,16 +114,16 @@ def watch(client: EngineClient | None = None) -> str:
         state = client.state()
     except EngineError as error:
         return f"the engine's layout was not read: {error}"
-    url, now = client.base_url, _layout(state)
+    url, now = client.base_url, state.layout()
     with transaction.atomic():
         known = LayoutObservation.objects.known(url)
         if known is None:
             LayoutObservation.objects.create(engine_url=url, cause=LayoutCause.FIRST_SEEN, **now)
-            return f"first seen: layout {now['fingerprint']}"
-        if now["fingerprint"] == known.fingerprint:
+            return f"first seen: layout {state.fingerprint}"
+        if state.fingerprint == known.fingerprint:
             return f"unchanged: layout {known.fingerprint}"
-        if state.get("phase") != "serving":
-            return f"the engine is {state.get('phase')}: looked at again next time"
+        if state.phase != "serving":
+            return f"the engine is {state.phase}: looked at again next time"
         running = Job.objects.filter(status=JobStatus.RUNNING).order_by("pk").first()
         if running is not None:
             return f"job {running.pk} is running: its end explains the change"
@@ -134,19 +132,19 @@ def watch(client: EngineClient | None = None) -> str:
                  .order_by("-finished_at").first())
         if cause is not None and restarted_since(cause, state):
             note_restart_mid_apply(cause, state, url)
-            return f"restarted: job {cause.pk}'s engine came back on layout {now['fingerprint']}"
+            return f"restarted: job {cause.pk}'s engine came back on layout {state.fingerprint}"
         if cause is not None:
             LayoutObservation.objects.create(engine_url=url, cause=LayoutCause.JOB, job=cause, before=known.layout(),
                                              **now)
-            return f"layout {now['fingerprint']}: job {cause.pk}'s doing"
+            return f"layout {state.fingerprint}: job {cause.pk}'s doing"
         seen = LayoutObservation.objects.create(engine_url=url, cause=LayoutCause.UNEXPLAINED, before=known.layout(),
                                                 **now)
         record(actor=None, action=UNEXPLAINED_CHANGE, subject=f"engine:{url}"[:255], before=known.layout(), after=now,
                payload={"engine_url": url, "observation": seen.pk, "known_since": known.observed_at.isoformat(),
                         "cause": "no job of the console caused it"})
     log.warning("the engine at %s changed its layout from %s to %s and no job of the console caused it", url,
-                known.fingerprint, now["fingerprint"])
-    return f"unexplained: layout {known.fingerprint} -> {now['fingerprint']}"
+                known.fingerprint, state.fingerprint)
+    return f"unexplained: layout {known.fingerprint} -> {state.fingerprint}"
 
 
 def recent_unexplained_change() -> LayoutObservation | None:

@@ -76,21 +76,20 @@ def plan(kind: str, target: dict, seen: str | None, client: EngineClient | None)
     job goes back to)."""
     with _engine(client, "plan") as engine:
         state = engine.state()
-        current = state["fingerprint"]
+        current = state.fingerprint
         if seen is not None and seen != current:
             raise Conflict(f"incumbent_fingerprint: the engine now runs layout {current}, not {seen[:40]}: "
                            "look at the current layout and plan again")
         reply = engine.plan(kind, target, current)
-    plan, plan_hash = reply.get("plan"), reply.get("plan_hash")
+    plan = reply.plan.to_dict()
     try:
-        verify_plan(plan, plan_hash)
+        verify_plan(plan, reply.plan_hash)
     except ContractError as error:
         raise EngineUnavailable(f"the engine's plan does not match its plan_hash: {error}") from error
-    if plan.get("kind") != kind or plan.get("incumbent_fingerprint") != current:
+    if reply.plan.kind != kind or reply.plan.incumbent_fingerprint != current:
         raise EngineUnavailable("the engine answered with a plan for another request "
-                                f"({plan.get('kind')!r:.20} for {plan.get('incumbent_fingerprint')!r:.40})")
-    if not reply.get("feasible") or not plan.get("predicted", {}).get("feasible", False):
-        advice = advise_length(plan["target"], state["cut"], state["shape"]) if kind == JobKind.SHAPE else None
-        raise PlanInfeasible([str(reason) for reason in reply.get("reasons") or plan["predicted"].get("reasons", [])],
-                             advice)
-    return plan, plan_hash, {"fingerprint": current, "cut": state["cut"], "shape": state["shape"]}
+                                f"({reply.plan.kind!r:.20} for {reply.plan.incumbent_fingerprint!r:.40})")
+    if not reply.feasible or not reply.plan.feasible:
+        advice = advise_length(reply.plan.target, state.cut, state.shape) if kind == JobKind.SHAPE else None
+        raise PlanInfeasible(list(reply.reasons or reply.plan.reasons), advice)
+    return plan, reply.plan_hash, state.layout()

@@ -11,12 +11,11 @@ min(window, length) tokens), so the answer fits the engine's pricing too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from django.conf import settings
 
-from contracts.layout import ServingShape
+from contracts.layout import Cut, ServingShape
 from solvers.census import load_census
 from solvers.errors import SolverError
 from solvers.rig import load_rig
@@ -44,12 +43,12 @@ class LengthAdvice:
         return f"the largest max_model_len that fits {where} is {self.max_model_len}{limit}"
 
 
-def advise_length(target: dict, cut: Sequence[int], current_shape: dict) -> LengthAdvice | None:
+def advise_length(target: dict, cut: Cut, current_shape: ServingShape) -> LengthAdvice | None:
     """The advice for a refused shape `target` (the engine's normalised fields) laid over the running shape at the
     running cut; None when the length is not what stands in the way or the planner cannot price it here."""
     try:
         model, rig = load_census(settings.SEAM_MODEL), load_rig(settings.SEAM_RIG)
-        asked = ServingShape.from_dict({**current_shape, **target})
+        asked = ServingShape.from_dict({**current_shape.to_dict(), **target})
         # fit_on_rig lays the length, max_num_seqs and KV dtype over the rig's shape: give it the asked shape whole,
         # so the batch budget and state dtype are the asked ones too. Only its pool is used below.
         priced = fit_on_rig(model, replace(rig, shape=asked), asked.max_model_len, asked.max_num_seqs,

@@ -17,6 +17,7 @@ from console.jobs.errors import Conflict, JobError, JobNotFound, NotAllowed
 from console.jobs.events import publish_job_update
 from console.jobs.models import Job
 from console.jobs.roles import has_role
+from contracts.control import LayoutFigures
 
 __all__ = ["carried_request_id", "get_job", "job_id_of", "lost", "pool_of", "publish_on_commit", "publish_job_id",
            "require_role", "subject_of", "transition"]
@@ -89,8 +90,8 @@ def subject_of(job: Job) -> str:
     return f"job:{job.pk}"
 
 
-def pool_of(figures: object) -> int | None:
-    return figures.get("pool_tokens") if isinstance(figures, dict) else None
+def pool_of(figures: LayoutFigures | None) -> int | None:
+    return None if figures is None else figures.pool_tokens
 
 
 def carried_request_id(request_id: str | None) -> str:

@@ -40,20 +40,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.calibration import recording
-from console.engine import (
-    OPERATION_DONE,
-    EngineClient,
-    EngineError,
-    EngineRefused,
-    EngineState,
-    EngineUnreachable,
-    Operation,
-)
+from console.engine import EngineClient, EngineError, EngineRefused, EngineUnreachable
 from console.jobs import layout_watch, services
 from console.jobs.attestation import CannotAttest, attest
 from console.jobs.choices import JobStatus
 from console.jobs.errors import JobError
 from console.jobs.models import Approval, Job
+from contracts.control import EngineState, Operation
 from contracts.errors import ContractError
 from contracts.plan import verify_plan
 
@@ -109,13 +102,13 @@ def _run(job: Job, engine: EngineClient) -> str:
         state = engine.state()
     except EngineError as error:
         return _end(job, JobStatus.FAILED, f"{error}; nothing was applied")
-    if state["fingerprint"] != job.incumbent_fingerprint:
-        return _end(job, JobStatus.STALE, _stale(state["fingerprint"], job))
+    if state.fingerprint != job.incumbent_fingerprint:
+        return _end(job, JobStatus.STALE, _stale(state.fingerprint, job))
     try:
         attestation = attest(job)
     except CannotAttest as error:
         return _end(job, JobStatus.FAILED, str(error))
-    services.note_engine_boot(job, state.get("boot_id") or "")
+    services.note_engine_boot(job, state.boot_id or "")
     job.refresh_from_db()
     operation_id, ending = _apply(job, engine, attestation)
     if ending is not None:
@@ -159,11 +152,11 @@ def _apply(job: Job, engine: EngineClient, attestation: dict) -> tuple[str, str 
                 state = engine.state()
             except EngineError as lost:
                 return "", _end(job, JobStatus.FAILED, f"{lost}; nothing was applied")
-            if state["fingerprint"] != job.incumbent_fingerprint:
-                return "", _end(job, JobStatus.STALE, _stale(state["fingerprint"], job))
+            if state.fingerprint != job.incumbent_fingerprint:
+                return "", _end(job, JobStatus.STALE, _stale(state.fingerprint, job))
             # Twice refused while the engine runs no operation (once could be one that just ended): not busy but a
             # refusal waiting cannot change (a spent job id, a rolled-back audit trail), so fail now, saying it.
-            refused_while_serving = refused_while_serving + 1 if state["phase"] == "serving" else 0
+            refused_while_serving = refused_while_serving + 1 if state.phase == "serving" else 0
             if refused_while_serving >= 2:
                 return "", _end(job, JobStatus.FAILED, f"the engine refused the plan (409): {error.message}; "
                                                        "nothing was applied")
@@ -186,7 +179,7 @@ def _sent_unanswered(job: Job, engine: EngineClient, error: EngineError) -> tupl
     except EngineError as lost:
         found, reason = [], f"{reason}; looking the operation up: {lost}"
     if found:
-        return found[-1]["id"], None
+        return found[-1].id, None
     log.warning("job %s: %s; no operation of plan %s found yet: left running for the reconciler", job.pk, reason,
                 job.plan_hash[:16])
     services.report_progress(job, phase="unconfirmed", progress=0.0)
@@ -195,7 +188,7 @@ def _sent_unanswered(job: Job, engine: EngineClient, error: EngineError) -> tupl
 
 def _operations_of(job: Job, engine: EngineClient) -> list[Operation]:
     """The engine's operations of the job's plan hash started by this job's attestation, oldest first."""
-    return [op for op in engine.find_operations(job.plan_hash) if op.get("job_id") == job.pk]
+    return [op for op in engine.find_operations(job.plan_hash) if op.job_id == job.pk]
 
 
 def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
@@ -218,15 +211,15 @@ def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
                 return _operation_lost(job, engine, f"the engine has no record of operation {operation_id}")
             raise
         lost_since = None
-        if operation["status"] in OPERATION_DONE:
+        if operation.status.done:
             return _ended_on_engine(job, engine, operation)
         now = time.monotonic()
-        if (operation["phase"], operation["progress"]) != shown or now - beat >= HEARTBEAT_S:
-            services.report_progress(job, phase=operation["phase"], progress=operation["progress"])
-            shown, beat = (operation["phase"], operation["progress"]), now
+        if (operation.phase, operation.progress) != shown or now - beat >= HEARTBEAT_S:
+            services.report_progress(job, phase=operation.phase, progress=operation.progress)
+            shown, beat = (operation.phase, operation.progress), now
         if now >= give_up_at:
             log.warning("job %s: operation %s still %s; left running for the reconciler", job.pk, operation_id,
-                        operation["status"])
+                        operation.status)
             return JobStatus.RUNNING
         time.sleep(poll_s)
 
@@ -234,7 +227,7 @@ def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
 def _ended_on_engine(job: Job, engine: EngineClient, operation: Operation, reconciled: bool = False) -> str:
     """End the job as its operation ended, then note the layout the engine runs as the job's doing, so the layout
     watch does not take the job's own change for one nobody explains."""
-    ending = _end(job, operation["status"], operation.get("error") or "", operation, reconciled=reconciled)
+    ending = _end(job, operation.status, operation.error or "", operation, reconciled=reconciled)
     try:
         state = engine.state()  # read once: the layout watch and the calibration both note it
     except EngineError as error:
@@ -256,7 +249,7 @@ def _operation_lost(job: Job, engine: EngineClient, lost: str, reconciled: bool 
         log.warning("job %s: %s, and its state could not be read (%s): left running for the reconciler", job.pk,
                     lost, error)
         return JobStatus.RUNNING
-    if job.engine_boot_id and state.get("boot_id") == job.engine_boot_id:
+    if job.engine_boot_id and state.boot_id == job.engine_boot_id:
         return _end(job, JobStatus.FAILED, f"{lost}, though it did not restart; check its /control/state",
                     reconciled=reconciled)
     return _restarted_under(job, engine, state, lost, reconciled)
@@ -266,9 +259,9 @@ def _restarted_under(job: Job, engine: EngineClient, state: EngineState, lost: s
     """The engine restarted under the job's apply and runs `state`. A layout the operation could have left (the
     job's start or its target) is noted as the job's end; any other is the restarted engine's own, not the job's:
     the job fails naming it and one alert is raised, committed with the job's end."""
-    here = f"layout {state['fingerprint']} (cut {state['cut']})"
+    here = f"layout {state.fingerprint} (cut {state.cut})"
     if layout_watch.led_there(job, state):
-        which = "the one the job started from" if state["fingerprint"] == job.incumbent_fingerprint else \
+        which = "the one the job started from" if state.fingerprint == job.incumbent_fingerprint else \
             "the job's target"
         ending = _end(job, JobStatus.FAILED, f"{lost}: the engine restarted mid-apply and runs {here}, {which}; "
                                              "check its /control/state", reconciled=reconciled)
@@ -286,7 +279,7 @@ def _restarted_under(job: Job, engine: EngineClient, state: EngineState, lost: s
     return JobStatus.FAILED
 
 
-def _end(job: Job, status: str, error: str, operation: dict | None = None, reconciled: bool = False) -> str:
+def _end(job: Job, status: str, error: str, operation: Operation | None = None, reconciled: bool = False) -> str:
     try:
         return services.finish(job, status, error=error, operation=operation, reconciled=reconciled).status
     except JobError as lost:  # the reconciler (or another worker) settled it first
@@ -356,14 +349,14 @@ def _settle_without_operation_id(job: Job, engine: EngineClient) -> str:
                     reconciled=True)
     operation = found[-1]  # the engine starts one operation per job's attestation; the newest, should that change
     try:
-        services.record_operation(job, operation["id"], reconciled=True)
+        services.record_operation(job, operation.id, reconciled=True)
     except JobError as lost:  # another reconciler, or the worker after all, got there first
         return f"left alone: {lost}"
     return _settle_from(job, engine, operation)
 
 
 def _settle_from(job: Job, engine: EngineClient, operation: Operation) -> str:
-    if operation["status"] in OPERATION_DONE:
+    if operation.status.done:
         return _ended_on_engine(job, engine, operation, reconciled=True)
-    services.report_progress(job, phase=operation["phase"], progress=operation["progress"])
-    return f"still {operation['status']} on the engine"
+    services.report_progress(job, phase=operation.phase, progress=operation.progress)
+    return f"still {operation.status} on the engine"

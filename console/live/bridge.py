@@ -1,9 +1,8 @@
 """Engine telemetry (Redis pub/sub) -> the channel-layer group `telemetry`, and gap fills from the recent list.
 
 The engine publishes each snapshot's JSON on `TELEMETRY_CHANNEL`, keeps the newest at `{channel}:latest` and
-the last 256, newest first, in the list `{channel}:recent` (engine/telemetry/publisher.py). The console never imports
-the engine, so the two key names are repeated here; keep `telemetry_keys` in step with
-`engine.telemetry.publisher.keys`.
+the last 256, newest first, in the list `{channel}:recent` (engine/telemetry/publisher.py); the key names are
+contracts/telemetry.py's. The bridge relays snapshots as they were published: it reads only their seq.
 
 `run_bridge` forwards every snapshot as `{"type": "telemetry.snapshot", "snapshot": {...}}` to the group
 `telemetry`. Redis going away never ends it: it logs once, backs off (doubling, capped) and resubscribes.
@@ -23,7 +22,9 @@ import redis
 import redis.asyncio as aioredis
 from channels.layers import channel_layers
 
-__all__ = ["TELEMETRY_GROUP", "run_bridge", "recent_since", "telemetry_keys"]
+from contracts.telemetry import published_seq, telemetry_keys
+
+__all__ = ["TELEMETRY_GROUP", "run_bridge", "recent_since"]
 
 log = logging.getLogger("seam.live")
 
@@ -33,33 +34,28 @@ BACKOFF_S = (0.25, 5.0)  # first retry delay, ceiling; doubled per failure in be
 POLL_S = 0.5  # how often a quiet bridge looks at its stop flag
 
 
-def telemetry_keys(channel: str) -> tuple[str, str]:
-    """(latest, recent) keys of a channel; mirrors engine.telemetry.keys (not imported: console != engine)."""
-    return f"{channel}:latest", f"{channel}:recent"
-
-
 async def recent_since(client: aioredis.Redis, channel: str, after_seq: int) -> list[dict]:
     """Snapshots with seq > after_seq still held in the recent list, oldest first (a subscriber's gap fill)."""
     held = []
     for raw in await client.lrange(telemetry_keys(channel)[1], 0, -1):
-        snapshot = _decode(raw)
-        if snapshot is not None and snapshot["seq"] > after_seq:
-            held.append(snapshot)
-    return sorted(held, key=lambda snapshot: snapshot["seq"])
+        decoded = _decode(raw)
+        if decoded is not None and decoded[0] > after_seq:
+            held.append(decoded)
+    return [snapshot for _seq, snapshot in sorted(held, key=lambda pair: pair[0])]
 
 
-def _decode(raw: bytes | str) -> dict | None:
-    """A snapshot dict with an integer seq, or None (logged) for anything else on the channel."""
+def _decode(raw: bytes | str) -> tuple[int, dict] | None:
+    """(seq, the snapshot as published) for a snapshot with an integer seq, or None (logged) for anything else."""
     try:
         snapshot = json.loads(raw)
     except ValueError:
         log.warning("telemetry bridge: skipping a message that is not JSON: %.80r", raw)
         return None
-    seq = snapshot.get("seq") if isinstance(snapshot, dict) else None
-    if not isinstance(seq, int) or isinstance(seq, bool):
+    seq = published_seq(snapshot)
+    if seq is None:
         log.warning("telemetry bridge: skipping a message without an integer seq: %.80r", raw)
         return None
-    return snapshot
+    return seq, snapshot
 
 
 async def _forward(pubsub, layer, stop: threading.Event | asyncio.Event) -> None:
@@ -67,9 +63,9 @@ async def _forward(pubsub, layer, stop: threading.Event | asyncio.Event) -> None
         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
         if message is None or message.get("type") != "message":
             continue
-        snapshot = _decode(message["data"])
-        if snapshot is not None:
-            await layer.group_send(TELEMETRY_GROUP, {"type": SNAPSHOT_EVENT, "snapshot": snapshot})
+        decoded = _decode(message["data"])
+        if decoded is not None:
+            await layer.group_send(TELEMETRY_GROUP, {"type": SNAPSHOT_EVENT, "snapshot": decoded[1]})
 
 
 async def run_bridge(redis_url: str, channel: str, *, stop: threading.Event | asyncio.Event | None = None,

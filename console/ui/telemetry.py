@@ -1,4 +1,5 @@
-"""The engine's telemetry as the dashboard loads it: the newest snapshot and a short history, from Redis."""
+"""The engine's telemetry as the dashboard loads it: the newest snapshot and a short history, from Redis, read as
+contracts/telemetry.py's Snapshot."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from dataclasses import dataclass, field
 import redis
 from django.conf import settings
 
-from console.live.bridge import telemetry_keys
 from contracts.errors import ContractError
 from contracts.measurement import STEP_KINDS, LayoutMeasurement
+from contracts.telemetry import EngineSnapshot, Snapshot, telemetry_keys
 
 __all__ = ["HISTORY", "Telemetry", "read_telemetry", "summary"]
 
@@ -19,15 +20,16 @@ HISTORY = 120  # snapshots kept for the sparklines (the engine keeps the last 25
 
 @dataclass
 class Telemetry:
-    latest: dict | None = None
+    latest: Snapshot | None = None
     history: list[dict] = field(default_factory=list)  # oldest first: seq, ts and the engine's rates and queue
     error: str | None = None
 
 
-def _history_point(snapshot: dict) -> dict:
-    engine = snapshot.get("engine") or {}
-    return {"seq": snapshot["seq"], "ts": snapshot.get("ts"),
-            "engine": {name: engine.get(name) for name in ("prefill_tok_s", "decode_tok_s", "running", "waiting")}}
+def _history_point(snapshot: Snapshot) -> dict:
+    engine = snapshot.engine
+    return {"seq": snapshot.seq, "ts": snapshot.ts,
+            "engine": {"prefill_tok_s": engine.prefill_tok_s, "decode_tok_s": engine.decode_tok_s,
+                       "running": engine.running, "waiting": engine.waiting}}
 
 
 def read_telemetry() -> Telemetry:
@@ -42,45 +44,42 @@ def read_telemetry() -> Telemetry:
     latest = _snapshot(raw_latest)
     if raw_latest is not None and latest is None:
         return Telemetry(error=f"the snapshot at {latest_key} is not a telemetry snapshot")
-    history = sorted((snap for snap in map(_snapshot, raw_recent) if snap is not None), key=lambda s: s["seq"])
+    history = sorted((snap for snap in map(_snapshot, raw_recent) if snap is not None), key=lambda s: s.seq)
     return Telemetry(latest=latest, history=[_history_point(snap) for snap in history])
 
 
-def _snapshot(raw: bytes | None) -> dict | None:
-    try:
-        snapshot = json.loads(raw) if raw is not None else None
-    except ValueError:
+def _snapshot(raw: bytes | None) -> Snapshot | None:
+    if raw is None:
         return None
-    ok = isinstance(snapshot, dict) and isinstance(snapshot.get("seq"), int) and isinstance(snapshot.get("ranks"), list)
-    return snapshot if ok else None
+    try:
+        return Snapshot.from_dict(json.loads(raw))
+    except (ValueError, ContractError):  # not JSON, or not a snapshot
+        return None
 
 
-def summary(snapshot: dict) -> dict:
+def summary(snapshot: Snapshot) -> dict:
     """The figures the dashboard shows as text (static/js/dashboard.js derives the same from live snapshots)."""
-    engine = snapshot.get("engine") or {}
-    pools = [rank["kv"] for rank in snapshot["ranks"] if (rank.get("kv") or {}).get("tokens_total")]
+    engine = snapshot.engine
+    pools = [rank for rank in snapshot.ranks if rank.pool_tokens]
     return {
-        "cut": ",".join(str(layers) for layers in engine.get("cut") or []),
-        "kv_total": min((kv["tokens_total"] for kv in pools), default=0),
-        "kv_used": max((kv.get("tokens_used", 0) for kv in pools), default=0),
-        "binding_rank": engine.get("binding_rank"),
-        "phase": engine.get("phase", ""),
-        "shape": engine.get("shape") or {},
-        "fingerprint": engine.get("fingerprint") or "",
-        **measured(engine.get("measurement"), [rank.get("name", "") for rank in snapshot["ranks"]]),
+        "cut": engine.cut.to_text(),
+        "kv_total": min((rank.pool_tokens for rank in pools), default=0),
+        "kv_used": max((rank.pool_tokens_used for rank in pools), default=0),
+        "binding_rank": engine.binding_rank,
+        "phase": engine.phase,
+        "shape": engine.shape,
+        "fingerprint": engine.fingerprint or "",
+        **measured(engine, [rank.name for rank in snapshot.ranks]),
     }
 
 
-def measured(raw: object, rank_names: list[str]) -> dict:
+def measured(engine: EngineSnapshot, rank_names: list[str]) -> dict:
     """What the engine measured of its layout (engine.measurement, contracts/measurement.py): model, rig, each rank's
     stage medians and spread per kind of step, and the latency medians. `stages` is empty while the window has no
     steps, `latency` None while no request has finished: the page says "not measured yet"."""
-    if raw is None:
-        return {"model": "", "rig": "", "stages": [], "latency": None, "measurement_error": None}
-    try:
-        measurement = LayoutMeasurement.from_dict(raw)
-    except ContractError as error:
-        return {"model": "", "rig": "", "stages": [], "latency": None, "measurement_error": str(error)}
+    measurement: LayoutMeasurement | None = engine.measurement
+    if measurement is None:
+        return {"model": "", "rig": "", "stages": [], "latency": None, "measurement_error": engine.measurement_error}
     stages = []
     if any(measurement.stats(kind).steps for kind in STEP_KINDS):
         for rank in range(len(measurement.cut)):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from contracts.layout import Cut
+from contracts.telemetry import DEFAULT_CHANNEL
 from engine.control.audit_witness import AuditWitness
 from engine.control.driver import PipelineDriver
 from engine.control.job_ledger import JobLedger, default_state_dir
@@ -21,7 +22,7 @@ log = logging.getLogger("seam.engine")
 
 
 def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
-                redis_url: str | None, telemetry_hz: float, telemetry_channel: str = "seam:telemetry",
+                redis_url: str | None, telemetry_hz: float, telemetry_channel: str = DEFAULT_CHANNEL,
                 ladder: str | None = None, allow_open_v1: bool = False, state_dir: Path | None = None,
                 allowed_hosts: tuple[str, ...] = ()) -> None:
     from engine.serve.http import serve

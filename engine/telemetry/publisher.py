@@ -2,7 +2,8 @@
 
 The publisher keeps three things per channel, so a live page can follow AWX's protocol (load the
 latest, subscribe, fetch any gap by seq): pub/sub messages on `channel`, the newest snapshot at
-`{channel}:latest`, and the last RECENT snapshots, newest first, in the list `{channel}:recent`.
+`{channel}:latest`, and the last RECENT snapshots, newest first, in the list `{channel}:recent` (the key names are
+contracts/telemetry.py's, which the console reads them by).
 Redis going away must never take the engine with it: the publisher logs once, backs off, and resumes.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 import redis
 
 from contracts.measurement import STEP_KINDS
+from contracts.telemetry import DEFAULT_CHANNEL, telemetry_keys
 
 log = logging.getLogger(__name__)
 
@@ -30,28 +32,23 @@ USED_CATEGORIES = ("weights", "kv_pool", "state_pool", "arena", "workspace", "ot
 OPERATION_STATUSES = ("running", "succeeded", "failed", "rolled_back")
 
 
-def keys(channel: str) -> tuple[str, str]:
-    """(latest, recent) keys of a channel: `seam:telemetry` gives `seam:telemetry:latest` / `:recent`."""
-    return f"{channel}:latest", f"{channel}:recent"
-
-
 def recent_since(client: redis.Redis, channel: str, after_seq: int) -> list[dict]:
     """Snapshots with seq > after_seq still held in the recent list, oldest first (a subscriber's gap fill)."""
-    held = [json.loads(raw) for raw in client.lrange(keys(channel)[1], 0, -1)]
+    held = [json.loads(raw) for raw in client.lrange(telemetry_keys(channel)[1], 0, -1)]
     return sorted((snap for snap in held if snap.get("seq", -1) > after_seq), key=lambda snap: snap["seq"])
 
 
 class TelemetryPublisher:
     """Calls `snapshot_fn` `hz` times a second on a daemon thread and publishes each snapshot's JSON."""
 
-    def __init__(self, snapshot_fn: Callable[[], dict], redis_url: str, channel: str = "seam:telemetry",
+    def __init__(self, snapshot_fn: Callable[[], dict], redis_url: str, channel: str = DEFAULT_CHANNEL,
                  hz: float = 4.0, *, recent: int = RECENT, validate: bool = True):
         if isinstance(hz, bool) or not isinstance(hz, Real) or not 0 < hz <= MAX_HZ:
             raise ValueError(f"telemetry hz must be a number in (0, {MAX_HZ:g}] (got {hz!r})")
         if not isinstance(recent, int) or recent < 1:
             raise ValueError(f"telemetry recent must be a positive whole number (got {recent!r})")
         self.snapshot_fn, self.channel, self.period_s = snapshot_fn, channel, 1.0 / float(hz)
-        self.latest_key, self.recent_key = keys(channel)
+        self.latest_key, self.recent_key = telemetry_keys(channel)
         self.recent, self.validate = recent, validate
         # Short socket timeouts: a stalled Redis must not hold the thread (or stop()) for long.
         self.client = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)

@@ -16,7 +16,8 @@ import redis
 
 from contracts.layout import Cut
 from contracts.measurement import NO_STEPS, Latency, LayoutMeasurement, PoolFigures, StageStats
-from engine.telemetry.publisher import TelemetryPublisher, keys, prometheus_text, recent_since, validate_snapshot
+from contracts.telemetry import telemetry_keys
+from engine.telemetry.publisher import TelemetryPublisher, prometheus_text, recent_since, validate_snapshot
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -53,7 +54,7 @@ def client():
 def channel(client):
     name = f"seam:test:telemetry:{uuid.uuid4().hex}"
     yield name
-    client.delete(*keys(name))
+    client.delete(*telemetry_keys(name))
 
 
 def wait_until(condition, timeout: float = 10.0) -> bool:
@@ -98,7 +99,7 @@ def test_latest_and_recent_hold_what_was_published(client, channel):
     publisher = TelemetryPublisher(numbered(), REDIS_URL, channel=channel, hz=50).start()
     assert wait_until(lambda: publisher.published >= 10)
     publisher.stop()
-    latest_key, recent_key = keys(channel)
+    latest_key, recent_key = telemetry_keys(channel)
     assert json.loads(client.get(latest_key))["seq"] == publisher.last_seq == publisher.published
     recent = [json.loads(raw)["seq"] for raw in client.lrange(recent_key, 0, -1)]
     assert recent == list(range(publisher.published, 0, -1))  # newest first
@@ -108,7 +109,7 @@ def test_recent_list_is_capped(client, channel):
     publisher = TelemetryPublisher(numbered(), REDIS_URL, channel=channel, hz=100, recent=5).start()
     assert wait_until(lambda: publisher.published >= 12)
     publisher.stop()
-    recent = [json.loads(raw)["seq"] for raw in client.lrange(keys(channel)[1], 0, -1)]
+    recent = [json.loads(raw)["seq"] for raw in client.lrange(telemetry_keys(channel)[1], 0, -1)]
     assert recent == list(range(publisher.published, publisher.published - 5, -1))
 
 
@@ -142,7 +143,7 @@ def test_a_failing_snapshot_is_logged_once_and_publishing_continues(client, chan
     assert publisher.failures == 1
     errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert len(errors) == 1 and "rank table not ready" in caplog.text
-    recent = [json.loads(raw)["seq"] for raw in client.lrange(keys(channel)[1], 0, -1)]
+    recent = [json.loads(raw)["seq"] for raw in client.lrange(telemetry_keys(channel)[1], 0, -1)]
     assert 2 not in recent and {1, 3, 4} <= set(recent)
 
 
@@ -152,7 +153,7 @@ def test_an_invalid_snapshot_is_not_published(client, channel, caplog):
     publisher = TelemetryPublisher(lambda: broken, REDIS_URL, channel=channel, hz=50).start()
     assert wait_until(lambda: publisher.failures >= 3)
     publisher.stop()
-    assert publisher.published == 0 and client.get(keys(channel)[0]) is None
+    assert publisher.published == 0 and client.get(telemetry_keys(channel)[0]) is None
     assert "snapshot.ranks[0].used.arena: missing" in caplog.text
 
 
@@ -208,10 +209,10 @@ def test_publishing_survives_redis_going_away_and_coming_back(caplog, tmp_path):
         before = publisher.published
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         assert wait_until(lambda: publisher.published >= before + 3, timeout=15)
-        latest = json.loads(own.get(keys("seam:telemetry")[0]))
+        latest = json.loads(own.get(telemetry_keys("seam:telemetry")[0]))
         assert latest["seq"] == publisher.last_seq
         # No seq was spent while Redis was away: the snapshot that failed is the first one stored after it.
-        assert json.loads(own.lrange(keys("seam:telemetry")[1], -1, -1)[0])["seq"] == before + 1
+        assert json.loads(own.lrange(telemetry_keys("seam:telemetry")[1], -1, -1)[0])["seq"] == before + 1
         assert caplog.text.count("Redis unavailable") == 1 and "Redis is back" in caplog.text
     finally:
         if publisher is not None:

@@ -29,6 +29,7 @@ from console.jobs.audit_witness import engine_witness
 from console.jobs.models import Job
 from contracts.attestation import AuditHead, sign_attestation
 from contracts.canonical import canonical_json
+from contracts.control import WitnessedHead
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TRIGGER = "audit_auditevent_append_only"
@@ -80,7 +81,7 @@ def approved_job(live_engine, operator, reviewer):
                                                                   "target": {"cut": other_cut(live_engine)}}))
 
 
-def witnessed() -> dict:
+def witnessed() -> WitnessedHead:
     with EngineClient() as engine:
         head = engine.audit_head(audit_head().trail)
     assert head is not None
@@ -145,29 +146,29 @@ def test_database_and_anchor_writers_together_are_caught_by_the_engine(run_job, 
     fill(30)
     run_job()
     head = witnessed()
-    assert head["seq"] > 30 and head["rolled_back"] is None
+    assert head.seq > 30 and head.rolled_back is None
     assert verify_chain(engine_witness).ok
 
     restore_older_copy(5)
     cut_anchor_to(5)
     assert verify_chain().ok  # what the database and the anchor file still agree on: the rollback hides from them
     result = verify_chain(engine_witness)
-    assert (result.ok, result.witnessed_seq) == (False, head["seq"])
-    assert result.reason.startswith(f"rolled back: the engine witnessed event #{head['seq']} but the chain ends at #5")
+    assert (result.ok, result.witnessed_seq) == (False, head.seq)
+    assert result.reason.startswith(f"rolled back: the engine witnessed event #{head.seq} but the chain ends at #5")
 
     job = approved_job(live_engine, operator, reviewer)  # the restored console carries on
     before = live_engine.state()["fingerprint"]
     with pytest.raises(EngineRefused) as refused:
         apply_as_the_worker(job)
     assert refused.value.status == 409
-    assert f"the console's audit trail went back from #{head['seq']} to #" in refused.value.message
+    assert f"the console's audit trail went back from #{head.seq} to #" in refused.value.message
     assert "a rollback of its database" in refused.value.message
     assert live_engine.state()["fingerprint"] == before  # nothing applied
 
-    fill(head["seq"])  # the restored trail records its way past the witnessed seq: still refused
-    with pytest.raises(EngineRefused, match=f"went back from #{head['seq']} to #"):
+    fill(head.seq)  # the restored trail records its way past the witnessed seq: still refused
+    with pytest.raises(EngineRefused, match=f"went back from #{head.seq} to #"):
         apply_as_the_worker(job)
-    assert witnessed()["rolled_back"]["from_seq"] == head["seq"]
+    assert witnessed().rolled_back["from_seq"] == head.seq
     assert live_engine.state()["fingerprint"] == before
 
 
@@ -188,7 +189,7 @@ def test_the_restored_consoles_worker_fails_the_job_naming_the_rollback(run_job,
     assert worker.execute(job.pk) == "failed"
     job.refresh_from_db()
     assert job.error.startswith("the engine refused the plan (409): apply refused: the console's audit trail went "
-                                f"back from #{head['seq']} to #"), job.error
+                                f"back from #{head.seq} to #"), job.error
     assert "stayed busy" not in job.error and job.error.endswith("nothing was applied")
     assert live_engine.state()["fingerprint"] == before
 
@@ -216,7 +217,7 @@ def test_audit_key_holder_rewriting_witnessed_events_is_caught_by_the_engine(run
     assert verify_chain().ok  # chain and anchor both re-made with the key
     result = verify_chain(engine_witness)
     assert result.ok is False
-    assert result.reason == (f"rolled back: event #{head['seq']} is not the one the engine witnessed: the database was "
+    assert result.reason == (f"rolled back: event #{head.seq} is not the one the engine witnessed: the database was "
                              "restored to another copy and rewritten from there on")
 
 

@@ -21,8 +21,9 @@ def dashboard(request):
     telemetry = read_telemetry()
     latest = telemetry.latest
     return render(request, "ui/dashboard.html", {
-        "snapshot": latest, "seq": latest["seq"] if latest else None, "history": telemetry.history,
-        "summary": summary(latest) if latest else None, "telemetry_error": telemetry.error,
+        "snapshot": latest.to_dict() if latest else None, "seq": latest.seq if latest else None,
+        "history": telemetry.history, "summary": summary(latest) if latest else None,
+        "telemetry_error": telemetry.error,
         "unexplained_change": recent_unexplained_change(), "unexplained_action": UNEXPLAINED_CHANGE,
         "restart_mid_apply": recent_restart_mid_apply(), "restart_action": RESTARTED_MID_APPLY,
     })

@@ -77,10 +77,10 @@ def _running_shape(may_propose: bool) -> dict:
         return {}
     try:
         with EngineClient(timeout_s=SHAPE_TIMEOUT_S) as engine:
-            shape = engine.state()["shape"]
-    except (EngineError, KeyError, TypeError):
+            shape = engine.state().shape
+    except EngineError:
         return {}
-    return {name: shape.get(name) or "" for name in SHAPE_FIELDS} if isinstance(shape, dict) else {}
+    return {name: getattr(shape, name) or "" for name in SHAPE_FIELDS}
 
 
 def _refused(request, refusal: JobError) -> None:

@@ -20,6 +20,7 @@ from console.audit.models import AuditEvent
 from console.calibration import recording
 from console.jobs import services, worker
 from console.jobs.models import Job
+from contracts.control import EngineState
 
 # Committed rows (emptied after each test): job ids keep rising, and the session engine refuses one it has seen.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,7 +49,8 @@ def wrong_calibration(engine, avoid: list[list[int]]) -> None:
                                                                                         strict=True)]
             decode = {"steps": 40, "median_tokens": 1.0, "median_ms": ms, "spread_ms": [0.01] * 3}
             measured = {**real, "cut": cut, "fingerprint": "calibration-" + "-".join(map(str, cut)), "decode": decode}
-            assert recording.record({**state, "measurement": measured}, "periodic", engine_url=engine.url)
+            assert recording.record(EngineState.from_dict({**state, "measurement": measured}), "periodic",
+                                    engine_url=engine.url)
 
 
 def run_job(operator, reviewer, cut: list[int]) -> Job:

@@ -9,6 +9,7 @@ from console.calibration import recording
 from console.calibration.models import JobPrediction
 from console.engine import EngineClient
 from console.jobs.models import Job
+from contracts.control import EngineState
 
 URL = "http://engine.test"
 MODEL, RIG = "demo-checkpoint", "cpu-demo"
@@ -71,5 +72,5 @@ def executed_job(before: list[int], after: list[int], pool: int = 9120) -> Job:
 
 def end_job(job: Job, state: dict) -> JobPrediction:
     """What the worker does as the job's operation ends: record the layout and the prediction."""
-    recording.note_job_end(job, state, URL)
+    recording.note_job_end(job, EngineState.from_dict(state), URL)
     return JobPrediction.objects.get(job=job)

@@ -38,9 +38,10 @@ from live_service import free_port  # noqa: E402  (put on the path by the jobs c
 def seed(db):
     """seed(cut, decode_ms, **measurement kwargs) -> the MeasuredLayout row recorded from it (periodic)."""
     from console.calibration.recording import record
+    from contracts.control import EngineState
 
     def make(cut, decode_ms=None, **kwargs):
-        row = record(state_of(measurement(cut, decode_ms, **kwargs)), "periodic", engine_url=URL)
+        row = record(EngineState.from_dict(state_of(measurement(cut, decode_ms, **kwargs))), "periodic", engine_url=URL)
         assert row is not None
         return row
     return make

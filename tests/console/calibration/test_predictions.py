@@ -14,6 +14,7 @@ from calibration_helpers import URL, end_job, executed_job, measurement, stages,
 from console.calibration import predictions, recording
 from console.calibration.models import JobPrediction
 from console.jobs.models import Job
+from contracts.control import EngineState
 from solvers.census import load_census
 from solvers.frontier import default_timing
 from solvers.rig import load_rig
@@ -76,10 +77,14 @@ def test_without_measurements_the_rig_times_it_and_an_unknown_before_has_no_spee
     assert load_census("demo-hybrid-16").num_layers == sum(prediction.after_cut)
 
 
-def test_a_bookkeeping_failure_never_raises_into_the_worker(caplog):
+def test_a_bookkeeping_failure_never_raises_into_the_worker(caplog, monkeypatch):
     job = executed_job([7, 5, 4], [8, 4, 4])
-    state = state_of(measurement([8, 4, 4], None))
-    del state["cut"]  # the prediction cannot be made
+    state = EngineState.from_dict(state_of(measurement([8, 4, 4], None)))
+
+    def cannot_predict(*args, **kwargs):
+        raise KeyError("cut")  # the prediction cannot be made
+
+    monkeypatch.setattr(predictions, "predict", cannot_predict)
     with caplog.at_level(logging.ERROR, logger="seam.calibration"):
         recording.note_job_end(job, state, URL)
     assert "recording its measurement or prediction failed" in caplog.text

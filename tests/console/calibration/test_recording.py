@@ -10,13 +10,14 @@ from calibration_helpers import URL, FakeEngine, measurement, state_of
 
 from console.calibration import recording
 from console.calibration.models import MeasuredLayout
+from contracts.control import EngineState
 
 pytestmark = pytest.mark.django_db
 
 
 def test_a_measurement_is_recorded_with_every_figure():
     data = measurement([8, 4, 4], [18.8, 10.5, 10.4], pool=9120)
-    row = recording.record(state_of(data), "periodic", engine_url=URL)
+    row = recording.record(EngineState.from_dict(state_of(data)), "periodic", engine_url=URL)
     assert row == MeasuredLayout.objects.get()
     assert (row.model, row.rig, row.fingerprint, row.cut, row.source) == (
         "demo-checkpoint", "cpu-demo", "fp-8-4-4", [8, 4, 4], "periodic")
@@ -35,17 +36,19 @@ def test_a_measurement_is_recorded_with_every_figure():
     (lambda m: m.update(model=""), "measurement.model"),
 ])
 def test_bad_data_is_skipped_with_the_reason_never_raised(caplog, breakage, named):
-    data = measurement([8, 4, 4], [18.8, 10.5, 10.4])
-    breakage(data)
+    state = state_of(measurement([8, 4, 4], [18.8, 10.5, 10.4]))
+    breakage(state["measurement"])  # the measurement only: the state's own layout still reads
     with caplog.at_level(logging.WARNING, logger="seam.calibration"):
-        assert recording.record(state_of(data), "job_end", engine_url=URL) is None
+        assert recording.record(EngineState.from_dict(state), "job_end", engine_url=URL) is None
     assert MeasuredLayout.objects.count() == 0
     assert named in caplog.text
 
 
 def test_a_state_without_a_measurement_is_skipped(caplog):
+    state = state_of(measurement([8, 4, 4]))
+    del state["measurement"]
     with caplog.at_level(logging.WARNING, logger="seam.calibration"):
-        assert recording.record({"cut": [8, 4, 4]}, "periodic", engine_url=URL) is None
+        assert recording.record(EngineState.from_dict(state), "periodic", engine_url=URL) is None
     assert "has no `measurement`" in caplog.text and MeasuredLayout.objects.count() == 0
 
 
@@ -69,7 +72,7 @@ def test_periodic_measurement_of_an_unreachable_or_garbled_engine_records_nothin
     settings.SEAM_MEASURE_S = 0
     engine = FakeEngine(None)
     assert recording.measure(engine.client()).startswith("not measured: engine unreachable")
-    engine.state = {"cut": [7, 5, 4], "measurement": {"cut": "7,5,4"}}
+    engine.state = {**state_of(measurement([7, 5, 4])), "measurement": {"cut": "7,5,4"}}
     assert recording.measure(engine.client()).startswith("not measured: measurement.model: missing")
     assert MeasuredLayout.objects.count() == 0
 

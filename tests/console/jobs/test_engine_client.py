@@ -8,6 +8,10 @@ import pytest
 from console.engine import EngineClient, EngineRefused
 
 PLAN_HASH = "ab" * 32
+STATE = {"fingerprint": "f" * 16, "cut": [8, 4, 4], "shape": {"max_model_len": 2048}, "phase": "serving"}
+PLAN = {"kind": "cut", "target": {"cut": [8, 4, 4]}, "incumbent_fingerprint": "f" * 16, "predicted": {}}
+OPERATION = {"id": "op-1", "job_id": 7, "status": "running", "phase": "acting", "progress": 0.4, "predicted": None,
+             "measured": None, "error": None}
 
 
 class Engine:
@@ -23,8 +27,12 @@ class Engine:
         if request.url.path == "/control/apply":
             return httpx.Response(202, json={"operation_id": "op-1"})
         if request.url.path == "/control/operations":
-            return httpx.Response(200, json={"operations": [{"id": "op-1", "job_id": 7, "status": "running"}]})
-        return httpx.Response(200, json={"fingerprint": "f" * 16})
+            return httpx.Response(200, json={"operations": [OPERATION]})
+        if request.url.path == "/control/plan":
+            return httpx.Response(200, json={"plan": PLAN, "plan_hash": PLAN_HASH, "feasible": True, "reasons": []})
+        if request.url.path.startswith("/control/operations/"):
+            return httpx.Response(200, json=OPERATION)
+        return httpx.Response(200, json=STATE)
 
 
 def client(engine: Engine, token: str) -> EngineClient:
@@ -46,7 +54,7 @@ def test_the_token_defaults_to_the_settings_one(settings):
     settings.SEAM_ENGINE_TOKEN = "from-settings"
     engine = Engine("from-settings")
     with EngineClient("http://engine.test", transport=httpx.MockTransport(engine)) as seam:
-        assert seam.state()["fingerprint"] == "f" * 16
+        assert seam.state().fingerprint == "f" * 16
 
 
 def test_apply_sends_the_attestation_beside_the_plan():
@@ -60,7 +68,7 @@ def test_apply_sends_the_attestation_beside_the_plan():
 def test_operations_are_found_by_plan_hash():
     engine = Engine()
     with client(engine, "the-token") as seam:
-        assert seam.find_operations(PLAN_HASH) == [{"id": "op-1", "job_id": 7, "status": "running"}]
+        assert [(op.id, op.job_id, op.status) for op in seam.find_operations(PLAN_HASH)] == [("op-1", 7, "running")]
     assert engine.requests[0].url.params["plan_hash"] == PLAN_HASH
 
 

@@ -26,7 +26,8 @@ from django.test import Client
 
 from console.asgi import application
 from console.jobs.roles import VIEWER, ensure_roles
-from console.live.bridge import run_bridge, telemetry_keys
+from console.live.bridge import run_bridge
+from contracts.telemetry import telemetry_keys
 
 TIMEOUT_S = 5
 

@@ -68,9 +68,9 @@ def test_gap_fetch_of_an_unknown_channel_is_empty(live_settings, make_user):
 
 
 def test_key_names_match_the_engine(live_settings, redis_client):
-    """The console repeats the engine's two key names instead of importing it; this keeps them in step."""
+    """Console and engine take the key names from contracts/telemetry.py: the bridge's gap fill reads what the
+    engine's reads."""
     channel = live_settings.TELEMETRY_CHANNEL
-    assert live_bridge.telemetry_keys(channel) == engine.telemetry.publisher.keys(channel)
     for seq in (5, 6, 7):
         publish(redis_client, channel, seq=seq)
 
