@@ -12,6 +12,7 @@ import torch
 
 from benchmarks.rig_compare import compare, transition
 from benchmarks.rig_load import Load
+from contracts.control import LayoutFigures, OperationStatus
 from engine.config import ModelConfig
 from engine.control.driver import PipelineDriver
 from engine.control.protocol import ApplyRefused
@@ -96,6 +97,10 @@ def refused_by_engine(driver: PipelineDriver, cuts: list[list[int]], out: list) 
                         and all(reason in engine_text for reason in planner.reasons))
 
 
+def _pool(figures: LayoutFigures | None) -> dict | None:
+    return None if figures is None else {"pool_tokens": figures.pool_tokens, "binding_rank": figures.binding_rank}
+
+
 def change(driver: PipelineDriver, kind: str, target: dict, load: Load | None, budget_s: float, out: dict) -> None:
     """Plan and apply one operation (under load when given), wait for it, and set the prediction beside what the
     ranks allocated; the requests in flight when it was applied are listed for the final account."""
@@ -112,21 +117,21 @@ def change(driver: PipelineDriver, kind: str, target: dict, load: Load | None, b
     op_id = driver.apply(planned.plan.to_dict(), planned.plan_hash)
     out["operation_id"] = op_id
     deadline = time.monotonic() + budget_s
-    while (op := driver.operation(op_id))["phase"] != "done" or driver.phase not in ("serving", "broken"):
+    while (op := driver.operation(op_id)).phase != "done" or driver.phase not in ("serving", "broken"):
         if time.monotonic() > deadline:
-            out.update(status=op["status"], phase=op["phase"], error="not done within the step's budget")
-            raise TimeoutError(f"operation {op_id} still {op['phase']} after {budget_s:.0f} s")
+            out.update(status=op.status.value, phase=op.phase, error="not done within the step's budget")
+            raise TimeoutError(f"operation {op_id} still {op.phase} after {budget_s:.0f} s")
         time.sleep(0.05)  # the op reads done a moment before the engine serves again
-    out.update(seconds=time.perf_counter() - started, status=op["status"], error=op["error"], notes=op["notes"],
-               engine_phase=driver.phase, predicted={k: op["predicted"][k] for k in ("pool_tokens", "binding_rank")}
-               if op["predicted"] else None, preempted=driver.scheduler.preemptions - preempted)
-    if op["status"] != "succeeded":
-        out["previous"] = op["previous"] and {k: op["previous"][k] for k in ("pool_tokens", "binding_rank")}
+    out.update(seconds=time.perf_counter() - started, status=op.status.value, error=op.error, notes=list(op.notes),
+               engine_phase=driver.phase, predicted=_pool(op.predicted),
+               preempted=driver.scheduler.preemptions - preempted)
+    if op.status != OperationStatus.SUCCEEDED:
+        out["previous"] = _pool(op.previous)
         return
     if kind == "cut":
         out["transition"] = transition(driver.census, before, driver.prediction)
-    if op["measured"].get("switch_s") is not None:
-        out["switch_s"] = op["measured"]["switch_s"]
+    if op.measured.switch_s is not None:
+        out["switch_s"] = op.measured.switch_s
     out["compare"] = compare(driver.prediction, driver.measured, probe(driver, load))
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.attestation import Attestation, AuditHead
+from contracts.control import WitnessedHead
 from engine.control.protocol import ApplyRefused
 from engine.control.state_files import private_folder, write_json
 from engine.errors import EngineError
@@ -43,13 +44,13 @@ class AuditWitness:
             private_folder(self.path.parent)
             self._trails = _read(self.path)
 
-    def head(self, trail: str) -> dict[str, Any] | None:
-        """What this engine witnessed of `trail`: `{trail, seq, hash, issued_at, rolled_back}`, or None."""
+    def head(self, trail: str) -> WitnessedHead | None:
+        """What this engine witnessed of `trail`, or None."""
         seen = self._trails.get(trail)
-        return None if seen is None else {"trail": trail, **seen}
+        return None if seen is None else _head(trail, seen)
 
-    def heads(self) -> list[dict[str, Any]]:
-        return [{"trail": trail, **seen} for trail, seen in sorted(self._trails.items())]
+    def heads(self) -> list[WitnessedHead]:
+        return [_head(trail, seen) for trail, seen in sorted(self._trails.items())]
 
     def witness(self, attestation: Attestation) -> None:
         """Keep the attestation's head when it is the newest of its trail; ApplyRefused(409) when it shows the trail
@@ -75,6 +76,11 @@ class AuditWitness:
     def _save(self) -> None:
         if self.path is not None:
             write_json(self.path, {"trails": self._trails})
+
+
+def _head(trail: str, seen: dict[str, Any]) -> WitnessedHead:
+    return WitnessedHead(trail=trail, seq=seen["seq"], hash=seen["hash"], issued_at=seen["issued_at"],
+                         rolled_back=seen["rolled_back"])
 
 
 def _rollback(seen: dict[str, Any], head: AuditHead, issued_at: float) -> str | None:

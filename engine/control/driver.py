@@ -16,8 +16,10 @@ import uuid
 from collections import deque
 from pathlib import Path
 
+from contracts.control import EngineState, Health, Operation
 from contracts.layout import ServingShape, layout_fingerprint
 from contracts.plan import PlanReply
+from contracts.telemetry import Snapshot
 from engine.config import ModelConfig
 from engine.control.health import StepHealth
 from engine.control.operations import Operations
@@ -268,16 +270,16 @@ class PipelineDriver:
     def fingerprint(self) -> str:
         return layout_fingerprint(self.cut, self.shape)
 
-    def state(self) -> dict:
+    def state(self) -> EngineState:
         with self.lock:
             return build_state(self)
 
-    def health(self) -> dict:
-        """GET /healthz: {ok, phase, reason, recoveries_in_a_row, ...}; not ok while broken or in a recovery loop.
+    def health(self) -> Health:
+        """GET /healthz: not ok while broken or in a recovery loop.
         Takes no lock, so it answers even while a step or an operation is stuck."""
         return self.step_health.report(self.phase)
 
-    def snapshot(self, advance: bool = False) -> dict:
+    def snapshot(self, advance: bool = False) -> Snapshot:
         """The current snapshot; only the publisher advances `seq`, so a scrape never leaves a gap."""
         with self.lock:
             if advance:
@@ -290,13 +292,13 @@ class PipelineDriver:
     def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:
         return self.ops.apply(plan, plan_hash, job_id)
 
-    def operation(self, operation_id: str) -> dict | None:
+    def operation(self, operation_id: str) -> Operation | None:
         return self.ops.get(operation_id)
 
-    def operations(self) -> list[dict]:
+    def operations(self) -> list[Operation]:
         return self.ops.list()
 
-    def find_operations(self, plan_hash: str) -> list[dict]:
+    def find_operations(self, plan_hash: str) -> list[Operation]:
         return self.ops.find(plan_hash)
 
     def shutdown(self) -> None:

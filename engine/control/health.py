@@ -10,6 +10,8 @@ again. A recovery that fails leaves the engine broken (it then refuses every req
 
 from __future__ import annotations
 
+from contracts.control import Health
+
 MAX_RECOVERIES_IN_A_ROW = 3
 
 
@@ -36,14 +38,13 @@ class StepHealth:
     def looping(self) -> bool:
         return self.recoveries_in_a_row >= MAX_RECOVERIES_IN_A_ROW
 
-    def report(self, phase: str) -> dict:
-        """{ok, phase, reason, recoveries_in_a_row, recoveries, last_error}: ok is false when broken or looping."""
+    def report(self, phase: str) -> Health:
+        """Whether the engine can serve: not when broken or looping, `reason` then says which."""
         reason = None
         if phase == "broken":
             reason = f"the engine is broken: {self.broken_reason or 'it could not restore a verified layout'}"
         elif self.looping:
             reason = (f"{self.recoveries_in_a_row} steps failed in a row, each recovered, with no step succeeding "
                       f"between (a recovery loop): {self.last_error}")
-        return {"ok": reason is None, "phase": phase, "reason": reason,
-                "recoveries_in_a_row": self.recoveries_in_a_row, "recoveries": self.recoveries,
-                "last_error": self.last_error}
+        return Health(ok=reason is None, phase=phase, reason=reason, recoveries_in_a_row=self.recoveries_in_a_row,
+                      recoveries=self.recoveries, last_error=self.last_error)

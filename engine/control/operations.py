@@ -14,9 +14,10 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from contracts.control import LayoutFigures, Operation, OperationStatus
 from contracts.errors import ContractError
 from contracts.layout import ServingShape
 from contracts.plan import PlanReply, PlanRequest, verify_plan
@@ -38,16 +39,18 @@ PROGRESS = {"queued": 0.0, "pausing": 0.1, "draining": 0.2, "acting": 0.4, "veri
 
 
 @dataclass
-class Operation:
+class OperationRecord:
+    """The engine's own, changing record of one operation; `reply()` is what the control API shows of it."""
+
     id: str
     kind: str
     target: dict
     plan_hash: str
-    status: str = "queued"  # queued | running | succeeded | failed | rolled_back
+    status: OperationStatus = OperationStatus.QUEUED
     phase: str = "queued"
-    predicted: dict | None = None
-    measured: dict | None = None
-    previous: dict | None = None  # the layout restored by a rollback, as measured after restoring it
+    predicted: LayoutFigures | None = None
+    measured: LayoutFigures | None = None
+    previous: LayoutFigures | None = None  # the layout restored by a rollback, as measured after restoring it
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     job_id: int | None = None  # the console job whose attested review let the plan through
@@ -58,26 +61,22 @@ class Operation:
     def progress(self) -> float:
         return PROGRESS.get(self.phase, 0.0)
 
-    def to_dict(self) -> dict:
-        return {"id": self.id, "kind": self.kind, "target": self.target, "plan_hash": self.plan_hash,
-                "status": self.status, "phase": self.phase, "progress": self.progress, "predicted": self.predicted,
-                "measured": self.measured, "previous": self.previous, "error": self.error, "notes": self.notes,
-                "job_id": self.job_id, "started": self.started, "finished": self.finished}
+    def reply(self) -> Operation:
+        return Operation(id=self.id, kind=self.kind, target=self.target, plan_hash=self.plan_hash, status=self.status,
+                         phase=self.phase, progress=self.progress, predicted=self.predicted, measured=self.measured,
+                         previous=self.previous, error=self.error, notes=tuple(self.notes), job_id=self.job_id,
+                         started=self.started, finished=self.finished)
 
 
-def figures(pool_tokens: int | None, binding_rank: int | None, ranks: list[dict]) -> dict:
-    return {"pool_tokens": pool_tokens, "binding_rank": binding_rank, "ranks": ranks}
-
-
-def measured_figures(measured: list[dict]) -> dict:
+def measured_figures(measured: list[dict]) -> LayoutFigures:
     """The pool a pipeline really holds is the smallest pool among ranks that hold attention layers."""
     holding = [m for m in measured if m["attention_layers"]]
     binder = min(holding, key=lambda m: (m["kv_pool_tokens"], m["rank"])) if holding else None
-    result = figures(binder["kv_pool_tokens"] if binder else None, binder["rank"] if binder else None, measured)
     switches = [m["switch_s"] for m in measured if m.get("switch_s") is not None]
-    if switches:
-        result["switch_s"] = max(switches)  # ranks refill in parallel: the slowest sets the switch time
-    return result
+    return LayoutFigures(pool_tokens=binder["kv_pool_tokens"] if binder else None,
+                         binding_rank=binder["rank"] if binder else None, ranks=tuple(measured),
+                         # ranks refill in parallel: the slowest sets the switch time
+                         switch_s=max(switches) if switches else None)
 
 
 def host_ram_available() -> int | None:
@@ -95,8 +94,8 @@ def host_ram_available() -> int | None:
 class Operations:
     def __init__(self, driver: PipelineDriver):
         self.driver = driver
-        self.items: dict[str, Operation] = {}
-        self.queue: deque[tuple[Operation, tuple[int, ...], ServingShape]] = deque()
+        self.items: dict[str, OperationRecord] = {}
+        self.queue: deque[tuple[OperationRecord, tuple[int, ...], ServingShape]] = deque()
         self.counter = itertools.count(1)
 
     # --- the control API -------------------------------------------------------------------------
@@ -130,7 +129,7 @@ class Operations:
             if not fresh.feasible:
                 raise ApplyRefused(422, "the plan is infeasible: " + "; ".join(fresh.reasons))
             cut, shape = self._target(request)
-            op = Operation(f"op-{next(self.counter)}-{uuid.uuid4().hex[:8]}", request.kind, request.target,
+            op = OperationRecord(f"op-{next(self.counter)}-{uuid.uuid4().hex[:8]}", request.kind, request.target,
                            plan_hash.lower(), job_id=job_id)
             self.record(op)
             self.queue.append((op, cut, shape))
@@ -149,26 +148,26 @@ class Operations:
             raise ApplyRefused(422, "no layout ladder is armed on this engine: start it with --ladder to move on one")
         return tuple(request.target["rung"]), driver.shape
 
-    def get(self, operation_id: str) -> dict | None:
+    def get(self, operation_id: str) -> Operation | None:
         op = self.items.get(operation_id)
-        return None if op is None else op.to_dict()
+        return None if op is None else op.reply()
 
-    def list(self) -> list[dict]:
-        return [op.to_dict() for op in self._held()]
+    def list(self) -> list[Operation]:
+        return [op.reply() for op in self._held()]
 
-    def find(self, plan_hash: str) -> list[dict]:
+    def find(self, plan_hash: str) -> list[Operation]:
         """The operations started for `plan_hash`, oldest first: how a console that lost an operation id finds it."""
-        return [op.to_dict() for op in self._held() if op.plan_hash == plan_hash.lower()]
+        return [op.reply() for op in self._held() if op.plan_hash == plan_hash.lower()]
 
-    def _held(self) -> list[Operation]:
+    def _held(self) -> list[OperationRecord]:
         with self.driver.lock:  # the engine loop adds and prunes records meanwhile
             return list(self.items.values())
 
-    def record(self, op: Operation) -> None:
+    def record(self, op: OperationRecord) -> None:
         """Hold `op`; beyond KEEP_FINISHED finished operations the oldest go (a failure loop once piled up 2,059)."""
         with self.driver.lock:
             self.items[op.id] = op
-            finished = [key for key, held in self.items.items() if held.status not in ("queued", "running")]
+            finished = [key for key, held in self.items.items() if held.status.done]
             for key in finished[:-KEEP_FINISHED]:
                 del self.items[key]
 
@@ -180,7 +179,7 @@ class Operations:
         op, cut, shape = self.queue.popleft()
         driver = self.driver
         old_cut, old_shape = driver.cut, driver.shape
-        op.status = "running"
+        op.status = OperationStatus.RUNNING
         try:
             self._phase(op, "pausing")  # the loop is between steps: nothing is mid-flight now
             self._phase(op, "draining")
@@ -188,10 +187,10 @@ class Operations:
                 for seq in reversed(list(driver.scheduler.running)):
                     driver.scheduler.preempt(seq)  # requeued in order; recomputed after the change
             prediction, layouts = driver.layouts(cut, shape)
-            op.predicted = figures(prediction.pool_tokens, prediction.binding_rank, prediction.table())
+            op.predicted = LayoutFigures(prediction.pool_tokens, prediction.binding_rank, tuple(prediction.table()))
             ladder = driver.ladder(shape)
             if ladder is not None:
-                op.predicted["switch_cost_s"] = switch_cost_s(ladder, cut)
+                op.predicted = replace(op.predicted, switch_cost_s=switch_cost_s(ladder, cut))
             self._check_host_ram(op, cut)
             self._phase(op, "acting")
             measured = driver.ranks.call_all("build", layouts)
@@ -204,7 +203,7 @@ class Operations:
                 driver.measured = measured
                 driver._install(cut, shape, prediction)
             trial_step(driver)  # the new layout computes, through every rank
-            op.status = "succeeded"
+            op.status = OperationStatus.SUCCEEDED
         except Exception as error:  # any failure restores the previous layout; none may end the loop
             named = isinstance(error, EngineError | SolverError | ContractError)  # their messages say what failed
             op.error = str(error) if named else f"{type(error).__name__}: {error}"
@@ -219,10 +218,10 @@ class Operations:
                 driver.phase = "serving"
             driver.wake.set()
 
-    def _phase(self, op: Operation, phase: str) -> None:
+    def _phase(self, op: OperationRecord, phase: str) -> None:
         op.phase = self.driver.phase = phase
 
-    def _check_host_ram(self, op: Operation, cut: tuple[int, ...]) -> None:
+    def _check_host_ram(self, op: OperationRecord, cut: tuple[int, ...]) -> None:
         driver = self.driver
         gained = 0
         for rank in range(driver.rig.size):
@@ -238,7 +237,7 @@ class Operations:
         else:
             op.notes.append(f"host RAM check: {gained} B to copy, {available} B available")
 
-    def _restore(self, op: Operation, cut: tuple[int, ...], shape: ServingShape, restart: bool = False) -> None:
+    def _restore(self, op: OperationRecord, cut: tuple[int, ...], shape: ServingShape, restart: bool = False) -> None:
         """Back to the previous verified layout; `rolled_back` only if it verifies and steps again, else `failed`
         and the engine is broken. A dead or stalled rank, or a failed transfer, breaks the whole process group:
         then (`restart`) every rank process is replaced first."""
@@ -247,9 +246,9 @@ class Operations:
         restarts = driver.ranks.restarts
         try:
             op.previous = measured_figures(restore(driver, cut, shape, restart))
-            op.status = "rolled_back" if op.predicted is not None else "failed"
+            op.status = OperationStatus.ROLLED_BACK if op.predicted is not None else OperationStatus.FAILED
         except Exception as error:
-            op.status = "failed"
+            op.status = OperationStatus.FAILED
             op.error = f"{op.error}; restoring the previous layout failed too: {error}"
             driver.step_health.broken_reason = op.error
             driver.phase = "broken"
@@ -268,7 +267,8 @@ class Operations:
         driver = self.driver
         looping = driver.step_health.step_failed(error)
         restart = getattr(error, "restart", False)
-        op = Operation(f"recovery-{next(self.counter)}", "recovery", {"cut": list(driver.cut)}, "", "running")
+        op = OperationRecord(f"recovery-{next(self.counter)}", "recovery", {"cut": list(driver.cut)}, "",
+                             OperationStatus.RUNNING)
         op.error = str(error)
         with driver.lock:
             if looping:
@@ -282,7 +282,7 @@ class Operations:
         self.record(op)
         try:
             self._restore(op, driver.cut, driver.shape, restart=restart)
-            op.status = "succeeded"  # the running layout was restored, verified and stepped again
+            op.status = OperationStatus.SUCCEEDED  # the running layout was restored, verified and stepped again
         except Exception:
             log.exception("recovery failed; the engine is broken")
         finally:

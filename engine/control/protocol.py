@@ -1,7 +1,8 @@
 """What the HTTP service and telemetry need from the driver: one small, thread-safe surface.
 
 The driver (engine/control/driver.py) owns the scheduler, the rank processes and reconfiguration; the
-service (engine/serve/http.py) only translates HTTP to these calls, and telemetry only reads.
+service (engine/serve/http.py) only translates HTTP to these calls, and telemetry only reads. The replies are
+contracts/ types, which the service writes with their `to_dict()`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from contracts.control import EngineState, Health, Operation
 from contracts.plan import PlanReply
+from contracts.telemetry import Snapshot
 from engine.runtime.sampler import SamplingParams
 
 
@@ -83,9 +86,9 @@ class Driver(Protocol):
     def decode(self, token_ids: list[int]) -> str:
         ...
 
-    def state(self) -> dict[str, Any]:
-        """GET /control/state: {model, rig, boot_id, fingerprint, cut, shape, phase, ranks: [...], ladder: {...},
-        measurement: {...} (contracts.measurement.LayoutMeasurement.to_dict)}."""
+    def state(self) -> EngineState:
+        """GET /control/state: the layout served, its phase and pool, the ranks, the ladder, the engine's measurement
+        of the layout and its health."""
         ...
 
     def plan(self, body: dict[str, Any]) -> PlanReply:
@@ -100,21 +103,21 @@ class Driver(Protocol):
         raise ApplyRefused."""
         ...
 
-    def find_operations(self, plan_hash: str) -> list[dict[str, Any]]:
+    def find_operations(self, plan_hash: str) -> list[Operation]:
         """GET /control/operations?plan_hash=: the operations started for that plan, oldest first."""
         ...
 
-    def operation(self, operation_id: str) -> dict[str, Any] | None:
-        """GET /control/operations/{id}: {status, phase, progress, predicted, measured, error}; None if unknown."""
+    def operation(self, operation_id: str) -> Operation | None:
+        """GET /control/operations/{id}: its status, phase, progress and figures; None if unknown."""
         ...
 
-    def health(self) -> dict[str, Any]:
-        """GET /healthz: {ok, phase, reason, recoveries_in_a_row, ...}; ok is False while broken or in a recovery loop
-        (optional: the service answers ok for a driver without it)."""
+    def health(self) -> Health:
+        """GET /healthz: not ok while broken or in a recovery loop (optional: the service answers ok for a driver
+        without it)."""
         ...
 
-    def snapshot(self) -> dict[str, Any]:
-        """The current telemetry snapshot (the schema of docs/architecture.md §3.4), numbered by `seq`."""
+    def snapshot(self) -> Snapshot:
+        """The current telemetry snapshot, numbered by `seq`."""
         ...
 
     def shutdown(self) -> None:

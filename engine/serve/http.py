@@ -1,6 +1,7 @@
 """The engine's HTTP service: OpenAI-compatible generation, the control API, Prometheus metrics.
 
-It only translates HTTP to the `Driver` surface (engine/control/protocol.py). Every driver call may block (locks,
+It only translates HTTP to the `Driver` surface (engine/control/protocol.py), whose replies are contracts/ types
+written with their `to_dict()`. Every driver call may block (locks,
 rank round trips), so each runs on a worker thread; waiting for tokens is the event loop's
 (engine/serve/token_stream.py:
 the driver's emit wakes the stream), so a thousand open streams hold no threads and a slow one never starves the
@@ -34,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from contracts.control import Accepted, OperationList, Refusal, Witnessed
 from contracts.errors import ContractError
 from engine.control.audit_witness import AuditWitness
 from engine.control.job_ledger import JobLedger
@@ -66,7 +68,7 @@ Gate = Callable[[Request], None]  # raises Unauthorized when the request may not
 def _error(request: Request, status: int, message: str, param: str | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     openai = request.url.path.startswith("/v1/")
-    body = error_body(message, status, param) if openai else {"error": message}
+    body = error_body(message, status, param) if openai else Refusal(message).to_dict()
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -227,7 +229,8 @@ class _Service:
                                                          "owned_by": "seam", "max_model_len": driver.max_model_len}]})
 
     async def state(self, request: Request) -> Response:
-        return JSONResponse(await self._control(self.driver.state))
+        state = await self._control(self.driver.state)
+        return JSONResponse(state.to_dict())
 
     async def plan(self, request: Request) -> Response:
         reply = await self._control(self.driver.plan, await self._control_body(request))
@@ -249,32 +252,33 @@ class _Service:
         with self.jobs.claim(attestation):
             operation_id = await self._control(self.driver.apply, body["plan"], body["plan_hash"],
                                                attestation.job_id)
-        return JSONResponse({"operation_id": operation_id}, status_code=202,
+        return JSONResponse(Accepted(operation_id).to_dict(), status_code=202,
                             headers={"Location": f"/control/operations/{operation_id}"})
 
     async def audit_head(self, request: Request) -> Response:
         """The newest audit head witnessed of ?trail= (null when none), or of every trail."""
         trail = request.query_params.get("trail")
         if trail is None:
-            return JSONResponse({"trails": self.witness.heads()})
+            return JSONResponse({"trails": [head.to_dict() for head in self.witness.heads()]})
         if not _HASH.fullmatch(trail):
             raise ApiError("trail: expected the 64 hex digits of the console's first audit event's hash, as "
                            "/control/audit-head?trail=<hash>")
-        return JSONResponse({"witnessed": self.witness.head(trail.lower())})
+        return JSONResponse(Witnessed(self.witness.head(trail.lower())).to_dict())
 
     async def find_operations(self, request: Request) -> Response:
         plan_hash = request.query_params.get("plan_hash", "")
         if not _HASH.fullmatch(plan_hash):
             raise ApiError("plan_hash: expected the 64 hex digits /control/plan returned, as "
                            "/control/operations?plan_hash=<hash>")
-        return JSONResponse({"operations": await self._control(self.driver.find_operations, plan_hash)})
+        found = await self._control(self.driver.find_operations, plan_hash)
+        return JSONResponse(OperationList(tuple(found)).to_dict())
 
     async def operation(self, request: Request) -> Response:
         operation_id = request.path_params["operation_id"]
         found = await self._control(self.driver.operation, operation_id)
         if found is None:
             raise ApiError(f"no operation {operation_id}", status=404)
-        return JSONResponse(found)
+        return JSONResponse(found.to_dict())
 
     async def metrics(self, request: Request) -> Response:
         driver = self.driver
@@ -284,7 +288,7 @@ class _Service:
             from engine.telemetry.publisher import prometheus_text
 
             operations = getattr(driver, "operations", lambda: [])()
-            return prometheus_text(driver.snapshot(), operations)
+            return prometheus_text(driver.snapshot().to_dict(), [operation.to_dict() for operation in operations])
 
         return PlainTextResponse(await self._control(render), media_type=METRICS_CONTENT_TYPE)
 
@@ -292,8 +296,10 @@ class _Service:
         # 503 while the driver reports itself unhealthy (e.g. caught in a recovery loop); a driver without
         # `health` (a test fake) has nothing to report beyond the service answering.
         health = getattr(self.driver, "health", None)
-        report = {"ok": True} if health is None else await self._control(health)
-        return JSONResponse(report, status_code=200 if report.get("ok") else 503)
+        if health is None:
+            return JSONResponse({"ok": True})
+        report = await self._control(health)
+        return JSONResponse(report.to_dict(), status_code=200 if report.ok else 503)
 
 
 def _sse(data: dict[str, Any]) -> str:

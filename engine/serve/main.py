@@ -43,7 +43,7 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     if redis_url:
         from engine.telemetry.publisher import TelemetryPublisher
 
-        publisher = TelemetryPublisher(lambda: driver.snapshot(advance=True), redis_url, telemetry_channel,
+        publisher = TelemetryPublisher(lambda: driver.snapshot(advance=True).to_dict(), redis_url, telemetry_channel,
                                        hz=telemetry_hz)
         publisher.start()
     # SIGTERM stops as cleanly as Ctrl-C: uvicorn handles both, then everything below runs.

@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from contracts.control import OperationStatus
 from contracts.measurement import STEP_KINDS
 from contracts.telemetry import DEFAULT_CHANNEL, telemetry_keys
 
@@ -29,7 +30,8 @@ RECENT = 256
 MAX_HZ = 100.0
 BACKOFF_S = (0.25, 5.0)  # first retry delay, ceiling; doubled per failure in between
 USED_CATEGORIES = ("weights", "kv_pool", "state_pool", "arena", "workspace", "other")
-OPERATION_STATUSES = ("running", "succeeded", "failed", "rolled_back")
+# Exported even at zero; `queued` only while an operation is (it is queued for an instant).
+OPERATION_STATUSES = tuple(status.value for status in OperationStatus if status is not OperationStatus.QUEUED)
 
 
 def recent_since(client: redis.Redis, channel: str, after_seq: int) -> list[dict]:

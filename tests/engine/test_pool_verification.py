@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from contracts.control import Operation
 from engine.control.driver import PipelineDriver
 from engine.errors import EngineError
 from solvers.rig import load_rig
@@ -25,12 +26,12 @@ def demo(tmp_path_factory):
     return folder
 
 
-def apply_cut(driver: PipelineDriver, cut: tuple[int, ...]) -> dict:
+def apply_cut(driver: PipelineDriver, cut: tuple[int, ...]) -> Operation:
     planned = driver.plan({"kind": "cut", "target": {"cut": list(cut)}, "incumbent_fingerprint": driver.fingerprint()})
     assert planned.feasible, planned.reasons
     op_id = driver.apply(planned.plan.to_dict(), planned.plan_hash)
     deadline = time.monotonic() + 120
-    while (op := driver.operation(op_id))["phase"] != "done" or driver.phase not in ("serving", "broken"):
+    while (op := driver.operation(op_id)).phase != "done" or driver.phase not in ("serving", "broken"):
         assert time.monotonic() < deadline, op
         time.sleep(0.05)
     return op
@@ -56,8 +57,8 @@ def test_an_apply_whose_rank_allocates_another_pool_rolls_back(demo, monkeypatch
     try:
         before = driver.prediction.pool_tokens
         op = apply_cut(driver, MOVED)
-        assert op["status"] == "rolled_back", op
-        assert "verification missed the prediction: rank 1 kv_pool_tokens" in op["error"]
+        assert op.status == "rolled_back", op
+        assert "verification missed the prediction: rank 1 kv_pool_tokens" in op.error
         assert driver.cut == START and driver.phase == "serving" and driver.prediction.pool_tokens == before
         attention = [row.attention_layers > 0 for row in driver.prediction.ranks]
         assert [pool for pool, has in zip(pools(driver), attention, strict=True) if has] == [before] * sum(attention)
@@ -74,11 +75,11 @@ def test_a_restore_whose_rank_allocates_another_pool_is_not_accepted(demo, monke
     driver = PipelineDriver(demo, load_rig("cpu-demo"), cut=START)
     try:
         op = apply_cut(driver, MOVED)
-        assert op["status"] == "rolled_back", op
-        assert "every rank process was replaced" in " ".join(op["notes"])
+        assert op.status == "rolled_back", op
+        assert "every rank process was replaced" in " ".join(op.notes)
         assert driver.cut == START and driver.phase == "serving"
         rank_1 = driver.prediction.ranks[1]
         assert rank_1.attention_layers and pools(driver)[1] == driver.prediction.pool_tokens
-        assert op["previous"]["pool_tokens"] == driver.prediction.pool_tokens
+        assert op.previous.pool_tokens == driver.prediction.pool_tokens
     finally:
         driver.shutdown()

@@ -24,7 +24,10 @@ from live_service import lone_head
 from starlette.testclient import TestClient
 
 from contracts.attestation import bearer_token, sign_attestation
+from contracts.control import EngineState, Health, LadderState, LayoutFigures, Operation, OperationStatus
+from contracts.layout import Cut, ServingShape
 from contracts.plan import Plan, PlanReply
+from contracts.telemetry import EngineSnapshot, Snapshot
 from engine.control.protocol import ApplyRefused, RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.runtime.sampler import SamplingParams
@@ -33,6 +36,9 @@ from engine.serve.http import build_app
 from engine.serve.openai_api import IncrementalText
 from solvers.errors import SolverError
 
+SNAPSHOT = Snapshot(seq=7, ts=1.0, ranks=(), engine=EngineSnapshot(
+    cut=Cut((2, 2)), shape={}, phase="serving", running=0, waiting=0, prefill_tok_s=0.0, decode_tok_s=0.0,
+    reconfiguring=False))
 CREDENTIALS = Credentials(control_token="test-control-token", approval_key="test-approval-key")
 JOB_IDS = itertools.count(1)
 
@@ -49,7 +55,7 @@ class FakeDriver:
         self.tokenizer = tokenizer
         self.delay = delay  # seconds per token: > 0 makes the service wait on an empty queue
         self.submitted: list[tuple[list[int], SamplingParams]] = []
-        self.operations_by_id: dict[str, dict] = {}
+        self.operations_by_id: dict[str, Operation] = {}
 
     def submit(self, prompt: list[int] | str, params: SamplingParams) -> RequestHandle:
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -79,10 +85,11 @@ class FakeDriver:
     def max_prompt_chars(self) -> int | None:
         return self.max_model_len if self.tokenizer else None  # a token per byte: no more characters than tokens
 
-    def state(self) -> dict:
-        return {"fingerprint": "fp-1", "cut": [2, 2], "shape": {}, "phase": "serving", "ranks": [], "ladder": {}}
+    def state(self) -> EngineState:
+        return EngineState(fingerprint="fp-1", cut=Cut((2, 2)), shape=ServingShape(), phase="serving",
+                           ladder=LadderState(armed=False))
 
-    def plan(self, body: dict) -> dict:
+    def plan(self, body: dict) -> PlanReply:
         if body.get("kind") not in ("cut", "shape", "ladder"):
             raise SolverError("kind must be cut, shape or ladder")
         plan = body | {"predicted": {"pool_tokens": 1024}}
@@ -96,22 +103,23 @@ class FakeDriver:
         if plan.get("target") == {"cut": [4, 0]}:
             raise ApplyRefused(422, "infeasible: rank 1 holds no layers")
         operation_id = f"op-{len(self.operations_by_id) + 1}"
-        self.operations_by_id[operation_id] = {"status": "running", "phase": "pausing", "progress": 0.1,
-                                               "predicted": plan["predicted"], "measured": None, "error": None,
-                                               "plan_hash": plan_hash, "job_id": job_id}
+        self.operations_by_id[operation_id] = Operation(
+            id=operation_id, status=OperationStatus.RUNNING, phase="pausing", progress=0.1,
+            predicted=LayoutFigures(plan["predicted"]["pool_tokens"], None, ()), measured=None, error=None,
+            plan_hash=plan_hash, job_id=job_id)
         return operation_id
 
-    def find_operations(self, plan_hash: str) -> list[dict]:
-        return [op for op in self.operations_by_id.values() if op["plan_hash"] == plan_hash.lower()]
+    def find_operations(self, plan_hash: str) -> list[Operation]:
+        return [op for op in self.operations_by_id.values() if op.plan_hash == plan_hash.lower()]
 
-    def operation(self, operation_id: str) -> dict | None:
+    def operation(self, operation_id: str) -> Operation | None:
         return self.operations_by_id.get(operation_id)
 
-    def operations(self) -> list[dict]:
+    def operations(self) -> list[Operation]:
         return list(self.operations_by_id.values())
 
-    def snapshot(self) -> dict:
-        return {"seq": 7, "ranks": []}
+    def snapshot(self) -> Snapshot:
+        return SNAPSHOT
 
     def shutdown(self) -> None:
         pass
@@ -330,7 +338,7 @@ def test_control_state_plan_apply_and_operation(client, driver):
     assert response.status_code == 202 and response.json() == {"operation_id": "op-1"}
     assert response.headers["location"] == "/control/operations/op-1"
     assert client.get("/control/operations/op-1").json()["status"] == "running"
-    assert driver.operations_by_id["op-1"]["job_id"] == attestation["job_id"]  # the attested job, not the body's
+    assert driver.operations_by_id["op-1"].job_id == attestation["job_id"]  # the attested job, not the body's
 
 
 def test_a_malformed_plan_is_400(client):
@@ -413,19 +421,19 @@ def test_metrics_are_prometheus_text_from_the_snapshot_and_operations(client, dr
     response = client.get("/metrics")
     assert response.status_code == 200 and response.text == "seam_up 1\n"
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
-    assert seen == [({"seq": 7, "ranks": []}, [])]
+    assert seen == [(SNAPSHOT.to_dict(), [])]
 
 
 def test_healthz(client):
     assert client.get("/healthz").json() == {"ok": True}
 
 
-@pytest.mark.parametrize(("report", "status"), [({"ok": True, "reason": None}, 200),
-                                                ({"ok": False, "reason": "recovering in a loop"}, 503)])
+@pytest.mark.parametrize(("report", "status"), [(Health(True, "serving", None, 0, 0, None), 200),
+                                                (Health(False, "serving", "recovering in a loop", 3, 3, "boom"), 503)])
 def test_healthz_answers_the_drivers_health(driver, report, status):
     driver.health = lambda: report
     response = TestClient(build_app(driver, Credentials())).get("/healthz")  # open: no credentials needed
-    assert response.status_code == status and response.json() == report
+    assert response.status_code == status and response.json() == report.to_dict()
 
 
 def test_unknown_routes_are_404_and_wrong_methods_405_in_each_shape(client):

@@ -37,7 +37,7 @@ def test_an_older_head_issued_later_is_refused_as_a_rollback(tmp_path):
     witness.witness(carrying(40, NOW))
     message = refusal(witness, carrying(12, NOW + 60))
     assert "the console's audit trail went back from #40 to #12: a rollback of its database" in message
-    assert witness.head(TRAIL)["seq"] == 40  # the witness never moves back
+    assert witness.head(TRAIL).seq == 40  # the witness never moves back
 
 
 def test_the_same_seq_with_another_hash_is_refused_as_a_fork(tmp_path):
@@ -46,7 +46,7 @@ def test_the_same_seq_with_another_hash_is_refused_as_a_fork(tmp_path):
     witness.witness(carrying(40, NOW))
     message = refusal(witness, carrying(40, NOW + 60, "ee" * 32))
     assert "has another event #40 than it had" in message
-    assert witness.head(TRAIL)["hash"] == f"{40:064x}"
+    assert witness.head(TRAIL).hash == f"{40:064x}"
 
 
 def test_an_older_head_signed_earlier_and_delivered_late_is_no_rollback(tmp_path):
@@ -55,7 +55,7 @@ def test_an_older_head_signed_earlier_and_delivered_late_is_no_rollback(tmp_path
     witness = AuditWitness(tmp_path)
     witness.witness(carrying(40, NOW))
     witness.witness(carrying(39, NOW - 1))
-    assert witness.head(TRAIL)["seq"] == 40 and witness.head(TRAIL)["rolled_back"] is None
+    assert witness.head(TRAIL).seq == 40 and witness.head(TRAIL).rolled_back is None
 
 
 def test_a_rollback_once_seen_keeps_the_trail_refused(tmp_path):
@@ -66,7 +66,7 @@ def test_a_rollback_once_seen_keeps_the_trail_refused(tmp_path):
     refusal(witness, carrying(12, NOW + 60))
     message = refusal(witness, carrying(41, NOW + 120))
     assert "went back from #40 to #12" in message and "until its operator has looked" in message
-    assert witness.head(TRAIL)["rolled_back"]["from_seq"] == 40
+    assert witness.head(TRAIL).rolled_back["from_seq"] == 40
 
 
 def test_the_witness_survives_a_restart_in_a_private_file(tmp_path):
@@ -93,4 +93,4 @@ def test_trails_are_witnessed_apart(tmp_path):
     witness.witness(carrying(40, NOW))
     other = Attestation(7, ("rita",), NOW + 60, AuditHead("2b" * 32, 3, "3c" * 32))
     witness.witness(other)
-    assert [(head["trail"], head["seq"]) for head in witness.heads()] == [(TRAIL, 40), ("2b" * 32, 3)]
+    assert [(head.trail, head.seq) for head in witness.heads()] == [(TRAIL, 40), ("2b" * 32, 3)]
