@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.control import EngineState, Health, LadderState, Operation, OperationStatus, WitnessedHead
+from contracts.control import (
+    Accepted,
+    EngineState,
+    Health,
+    LadderState,
+    Operation,
+    OperationList,
+    OperationStatus,
+    Refusal,
+    Witnessed,
+    WitnessedHead,
+)
 from contracts.errors import ContractError
 from contracts.layout import Cut, ServingShape
 
@@ -121,3 +132,37 @@ def test_a_witnessed_head_round_trips_and_says_its_rollback():
     assert WitnessedHead.from_dict({**head, "rolled_back": None}).rollback_problem is None
     with pytest.raises(ContractError, match=r"witnessed\.seq: expected a whole number >= 0"):
         WitnessedHead.from_dict({**head, "seq": "12"})
+
+
+def test_figures_carry_the_switch_times_only_when_there_are_some(operation_wire):
+    operation_wire["predicted"]["switch_cost_s"] = 0.25
+    operation_wire["measured"]["switch_s"] = 0.5
+    operation = Operation.from_dict(operation_wire)
+    assert operation.to_dict() == operation_wire
+    assert (operation.predicted.switch_cost_s, operation.measured.switch_s) == (0.25, 0.5)
+    assert "switch_s" not in operation.predicted.to_dict() and "switch_cost_s" not in operation.previous.to_dict()
+    with pytest.raises(ContractError, match=r"operation\.measured\.pool_tokens: expected a whole number >= 0"):
+        Operation.from_dict({**operation_wire, "measured": {"pool_tokens": -1, "binding_rank": 1, "ranks": []}})
+    with pytest.raises(ContractError, match=r"operation\.predicted\.ranks: expected one object per rank"):
+        Operation.from_dict({**operation_wire, "predicted": {"pool_tokens": 1, "binding_rank": 1, "ranks": [3]}})
+
+
+def test_a_list_of_operations_names_the_one_that_is_wrong(operation_wire):
+    listed = {"operations": [operation_wire, {**operation_wire, "status": "lost"}]}
+    with pytest.raises(ContractError, match=r"^operations\[1\]\.status: expected one of"):
+        OperationList.from_dict(listed)
+    assert OperationList.from_dict({"operations": [operation_wire]}).to_dict() == {"operations": [operation_wire]}
+    with pytest.raises(ContractError, match="^operations: expected a list"):
+        OperationList.from_dict({"operations": {}})
+
+
+def test_the_small_replies():
+    assert Accepted.from_dict({"operation_id": "op-1"}).to_dict() == {"operation_id": "op-1"}
+    with pytest.raises(ContractError, match="^operation_id: expected a non-empty string"):
+        Accepted.from_dict({"operation_id": ""})
+    assert Refusal.from_dict({"error": "busy"}).message == "busy"
+    with pytest.raises(ContractError, match="^error: missing"):
+        Refusal.from_dict({"detail": "busy"})
+    assert Witnessed.from_dict({"witnessed": None}).witnessed is None
+    with pytest.raises(ContractError, match=r"^witnessed\.trail: missing"):
+        Witnessed.from_dict({"witnessed": {"seq": 1}})

@@ -13,7 +13,10 @@ import pytest
 import redis
 from live_service import LiveService, run_concurrently
 
+from contracts.control import EngineState, Health, Operation, OperationList, OperationStatus
 from contracts.measurement import LayoutMeasurement
+from contracts.plan import PlanReply
+from contracts.telemetry import Snapshot, telemetry_keys
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
 from engine.runtime.sampler import SamplingParams
@@ -256,3 +259,21 @@ def _keys(data: object, where: str = "") -> set[str]:
         return set()
     return {f"{where}{key}" for key in data} | {path for key, value in data.items()
                                                 for path in _keys(value, f"{where}{key}.")}
+
+
+def test_every_reply_of_the_real_engine_is_its_contract_type(service, channel):
+    """The control API's replies and the published snapshot parse into contracts/ types and write back the very same
+    JSON: what the engine sends is the contracts' to_dict()."""
+    state = service.state()
+    assert EngineState.from_dict(state).to_dict() == state
+    planned = service.plan("shape", {"max_num_batched_tokens": 128})
+    assert PlanReply.from_dict(planned).to_dict() == planned
+    operation = service.wait_operation(service.apply(planned).json()["operation_id"])
+    parsed = Operation.from_dict(operation)
+    assert parsed.to_dict() == operation and parsed.status is OperationStatus.SUCCEEDED and parsed.status.done
+    found = service.client.get("/control/operations", params={"plan_hash": planned["plan_hash"]}).json()
+    assert OperationList.from_dict(found).to_dict() == found and len(found["operations"]) == 1
+    health = service.client.get("/healthz").json()
+    assert Health.from_dict(health).to_dict() == health
+    latest = json.loads(redis.Redis.from_url(REDIS_URL).get(telemetry_keys(channel)[0]))
+    assert Snapshot.from_dict(latest).to_dict() == latest
