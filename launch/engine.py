@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token
+from contracts.control import EngineState, Refusal
 from contracts.errors import ContractError
 from contracts.layout import Cut
 
@@ -38,7 +39,7 @@ def demo_engine_command(python: str, checkpoint: Path, port: int, channel: str, 
     return command + (["--ladder", ladder] if ladder else [])
 
 
-def check_external_engine(environ: Mapping[str, str]) -> dict:
+def check_external_engine(environ: Mapping[str, str]) -> EngineState:
     """GET /control/state of the engine at SEAM_ENGINE_URL with SEAM_ENGINE_TOKEN: its state, or SystemExit naming
     what to fix (no token or approval key, unreachable, a refused token, any other answer)."""
     url = environ[ENGINE_URL_ENV].rstrip("/")
@@ -55,18 +56,17 @@ def check_external_engine(environ: Mapping[str, str]) -> dict:
     if reply.status_code == 401:
         sys.exit(f"the engine at {ENGINE_URL_ENV}={url} refused {CONTROL_TOKEN_ENV} (401: {_message(reply)}): set "
                  f"{CONTROL_TOKEN_ENV} to the control token that engine was started with")
-    try:
-        state = reply.json() if reply.status_code == 200 else None
-    except ValueError:
-        state = None
-    if not isinstance(state, dict):
-        sys.exit(f"the engine at {ENGINE_URL_ENV}={url} answered GET /control/state with {reply.status_code} "
-                 f"({_message(reply)}): is it a Seam engine?")
-    return state
+    if reply.status_code == 200:
+        try:
+            return EngineState.from_dict(reply.json())
+        except (ValueError, ContractError):  # not JSON, or not an engine's state
+            pass
+    sys.exit(f"the engine at {ENGINE_URL_ENV}={url} answered GET /control/state with {reply.status_code} "
+             f"({_message(reply)}): is it a Seam engine?")
 
 
 def _message(reply: httpx.Response) -> str:
     try:
-        return str(reply.json()["error"])
-    except (ValueError, KeyError, TypeError):
+        return Refusal.from_dict(reply.json()).message
+    except (ValueError, ContractError):
         return reply.text[:200]

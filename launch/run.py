@@ -137,8 +137,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     keys = stack_keys(os.environ, port, own_engine=not external)
     if external:
         state = check_external_engine(os.environ)
-        print(f"engine: using the engine at {ENGINE_URL_ENV}={external} ({state.get('model')} on rig "
-              f"{state.get('rig')}, cut {state.get('cut')}); make run starts no engine of its own", flush=True)
+        print(f"engine: using the engine at {ENGINE_URL_ENV}={external} ({state.model} on rig {state.rig}, cut "
+              f"{state.cut}); make run starts no engine of its own", flush=True)
     supervisor = Supervisor(ROOT)
     traffic: DemoTraffic | None = None
     try:

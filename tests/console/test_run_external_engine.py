@@ -66,7 +66,7 @@ def test_a_wrong_or_missing_token_is_refused_naming_seam_engine_token(engine):
         check_external_engine({**given, CONTROL_TOKEN_ENV: ""})
     assert f"{CONTROL_TOKEN_ENV} is not: set it to the control token that engine was started with" in str(missing.value)
     state = check_external_engine({**given, CONTROL_TOKEN_ENV: engine.control_token})
-    assert state["rig"] == "cpu-demo" and state["cut"]
+    assert state.rig == "cpu-demo" and state.cut
 
 
 @pytest.mark.slow
