@@ -121,7 +121,8 @@ class PipelineDriver:
 
     @property
     def phase(self) -> str:
-        """starting | serving | broken, or the phase of the operation running (engine/control/operations.py)."""
+        """starting | serving | broken, or the phase of the operation running (engine/control/operations.py); written
+        by set_phase, resume and mark_broken."""
         return self._phase
 
     @property
