@@ -4,7 +4,8 @@ or restore the previous layout, verify it, and report `rolled_back` with both fi
 Operations run on the engine loop's thread between steps, one at a time. In-flight requests are
 preempted and requeued (recompute), never dropped; greedy outputs are the same as without the change.
 A failed step is recovered the same way, as a `recovery` operation (engine/control/recovery.py restores the layout,
-engine/control/health.py caps a loop of them). The newest KEEP_FINISHED finished operations are kept.
+engine/control/health.py caps a loop of them). The newest KEEP_FINISHED finished operations are kept. The driver is
+reached through engine/control/surface.py's `Reconfigurable` only.
 """
 
 from __future__ import annotations
@@ -15,19 +16,16 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from engine.control.protocol import ApplyRefused
-from engine.control.recovery import restore, trial_step, verify
+from engine.control.recovery import restore, verify
+from engine.control.surface import Reconfigurable
 from engine.errors import EngineError
+from engine.runtime.scheduler import Batch
 from solvers.errors import SolverError
 from solvers.ladder import switch_cost_s
 from solvers.plans import build_plan, parse_plan_request, verify_plan
 from solvers.serving import ServingShape
-
-if TYPE_CHECKING:
-    from engine.control.driver import PipelineDriver
-    from engine.runtime.scheduler import Batch
 
 log = logging.getLogger("seam.engine")
 KEEP_FINISHED = 256  # finished operations kept for GET /control/operations; queued and running ones always are
@@ -91,7 +89,7 @@ def host_ram_available() -> int | None:
 
 
 class Operations:
-    def __init__(self, driver: PipelineDriver):
+    def __init__(self, driver: Reconfigurable):
         self.driver = driver
         self.items: dict[str, Operation] = {}
         self.queue: deque[tuple[Operation, tuple[int, ...], ServingShape]] = deque()
@@ -100,7 +98,7 @@ class Operations:
     # --- the control API -------------------------------------------------------------------------
     def plan(self, body: dict) -> dict:
         driver = self.driver
-        request = parse_plan_request(body, driver.rig.size, driver.config.num_layers)
+        request = parse_plan_request(body, driver.rig.size, driver.census.num_layers)
         self._target(request)  # a kind this engine cannot apply is refused now, not after a review
         return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
 
@@ -109,7 +107,7 @@ class Operations:
         try:
             verify_plan(plan, plan_hash)
             request = parse_plan_request({key: plan.get(key) for key in ("kind", "target", "incumbent_fingerprint")},
-                                         driver.rig.size, driver.config.num_layers)
+                                         driver.rig.size, driver.census.num_layers)
         except SolverError as error:
             raise ApplyRefused(400, str(error)) from error
         with driver.lock:
@@ -132,7 +130,6 @@ class Operations:
                            plan_hash.lower(), job_id=job_id)
             self.record(op)
             self.queue.append((op, cut, shape))
-        driver.wake.set()
         return op.id
 
     def _target(self, request) -> tuple[tuple[int, ...], ServingShape]:
@@ -182,9 +179,7 @@ class Operations:
         try:
             self._phase(op, "pausing")  # the loop is between steps: nothing is mid-flight now
             self._phase(op, "draining")
-            with driver.lock:
-                for seq in reversed(list(driver.scheduler.running)):
-                    driver.scheduler.preempt(seq)  # requeued in order; recomputed after the change
+            driver.drain()  # requeued in order; recomputed after the change
             prediction, layouts = driver.layouts(cut, shape)
             op.predicted = figures(prediction.pool_tokens, prediction.binding_rank, prediction.table())
             ladder = driver.ladder(shape)
@@ -198,10 +193,8 @@ class Operations:
             problems = verify(prediction, measured)
             if problems:
                 raise EngineError("verification missed the prediction: " + "; ".join(problems))
-            with driver.lock:
-                driver.measured = measured
-                driver._install(cut, shape, prediction)
-            trial_step(driver)  # the new layout computes, through every rank
+            driver.adopt(cut, shape, prediction, measured)
+            driver.trial_step()  # the new layout computes, through every rank
             op.status = "succeeded"
         except Exception as error:  # any failure restores the previous layout; none may end the loop
             op.error = f"{type(error).__name__}: {error}" if not isinstance(error, EngineError | SolverError) \
@@ -213,12 +206,11 @@ class Operations:
                 log.exception("operation %s: restoring %s failed; the engine is broken", op.id, list(old_cut))
         finally:
             op.phase, op.finished = "done", time.time()
-            if driver.phase != "broken":
-                driver.phase = "serving"
-            driver.wake.set()
+            driver.resume()
 
     def _phase(self, op: Operation, phase: str) -> None:
-        op.phase = self.driver.phase = phase
+        op.phase = phase
+        self.driver.set_phase(phase)
 
     def _check_host_ram(self, op: Operation, cut: tuple[int, ...]) -> None:
         driver = self.driver
@@ -249,9 +241,7 @@ class Operations:
         except Exception as error:
             op.status = "failed"
             op.error = f"{op.error}; restoring the previous layout failed too: {error}"
-            driver.step_health.broken_reason = op.error
-            driver.phase = "broken"
-            driver.refuse_all("the engine could not restore a verified layout after a failure")
+            driver.mark_broken(op.error)
             raise
         finally:
             if driver.ranks.restarts > restarts:
@@ -268,15 +258,11 @@ class Operations:
         restart = getattr(error, "restart", False)
         op = Operation(f"recovery-{next(self.counter)}", "recovery", {"cut": list(driver.cut)}, "", "running")
         op.error = str(error)
-        with driver.lock:
-            if looping:
-                refused = [seq for seq in batch.seqs if seq in driver.scheduler.running]
-                for seq in refused:
-                    driver._fail(seq, f"the engine failed {driver.step_health.recoveries_in_a_row} steps in a row, "
-                                      f"the last with this request; it is refused rather than retried: {error}")
-                op.notes.append(f"a recovery loop: {len(refused)} requests of the failing batch were refused")
-            for seq in reversed(list(driver.scheduler.running)):
-                driver.scheduler.preempt(seq)
+        refused = driver.drain(batch.seqs if looping else (),
+                               f"the engine failed {driver.step_health.recoveries_in_a_row} steps in a row, the last "
+                               f"with this request; it is refused rather than retried: {error}")
+        if looping:
+            op.notes.append(f"a recovery loop: {refused} requests of the failing batch were refused")
         self.record(op)
         try:
             self._restore(op, driver.cut, driver.shape, restart=restart)
@@ -285,5 +271,4 @@ class Operations:
             log.exception("recovery failed; the engine is broken")
         finally:
             op.phase, op.finished = "done", time.time()
-            if driver.phase != "broken":
-                driver.phase = "serving"
+            driver.resume()
