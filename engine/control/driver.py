@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 
 from contracts.control import EngineState, Health, Operation
@@ -35,6 +36,7 @@ from engine.runtime.sampler import Sampler, SamplingParams
 from engine.runtime.scheduler import Batch, Scheduler
 from engine.runtime.sequence import Sequence
 from engine.runtime.text import CheckpointText
+from engine.step_plan import StepPlan
 from engine.telemetry.latency import LatencyLog
 from engine.telemetry.stage_timer import StageLog
 from solvers.capacity import CutPricer, PoolResult
@@ -43,6 +45,7 @@ from solvers.ladder import Ladder, price_ladder
 from solvers.rig import Rig
 
 log = logging.getLogger("seam.engine")
+THROUGHPUT_WINDOW_S = 5.0
 
 
 class PipelineDriver:
@@ -54,12 +57,12 @@ class PipelineDriver:
         self.census = self.config.census
         self.rig = rig
         self.model_name = self.checkpoint.name
-        self.shape = shape or rig.shape
+        self._shape = shape or rig.shape
         self.notes: list[str] = []
         if cut is None:
             cut, note = rig.incumbent_for(self.config.num_layers)
             self.notes += [note] if note else []
-        self.cut = tuple(cut)
+        self._cut = tuple(cut)
         self.rungs = [tuple(rung) for rung in ladder or []]
         if self.rungs and self.cut not in self.rungs:
             raise EngineError(f"the serving cut {list(self.cut)} must be a rung of the ladder "
@@ -72,38 +75,64 @@ class PipelineDriver:
         self.handles: dict[int, RequestHandle] = {}
         self.cancelled: set[int] = set()
         self.ids = itertools.count()
-        self.phase = "starting"
+        self._phase = "starting"
         # Fresh at every start: the console tells by it that the engine restarted (and lost its operations) under a
         # job it was following (docs/console.md, "Trust model").
         self.boot_id = uuid.uuid4().hex
         self.snapshot_seq = itertools.count(1)
         self.last_seq = 0
-        self.throughput: deque[tuple[float, int, int]] = deque()
+        self._throughput: deque[tuple[float, int, int]] = deque()  # (when, prefill tokens, decode tokens) per step
         self.device_memory: dict[int, dict] = {}  # rank -> its latest real device figures (CUDA ranks only)
         self.stages = StageLog()  # each rank's stage time in recent steps, for calibrating the timing model
         self.latency = LatencyLog()  # recent requests' time to first token and between tokens
         self.step_health = StepHealth()
         self.ops = Operations(self)
-        self.prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
+        prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
         # In shared memory: every rank process reads this one image (rung images are pinned in place). A ready image
         # (HostImage.random, for a rig emulated at full size) can be handed in instead of the checkpoint's weights.
         self.image = image or HostImage.build(self.checkpoint, rungs=self.rungs)
         self.ranks = RankGroup(self.rig, self.checkpoint, self.image)
-        self.measured = self.ranks.call_all("build", layouts)
-        problems = verify(self.prediction, self.measured)
+        measured = self.ranks.call_all("build", layouts)
+        problems = verify(prediction, measured)
         if problems:
             self.shutdown()
             raise EngineError("the ranks do not match the planner's prediction: " + "; ".join(problems))
-        self._install(self.cut, self.shape, self.prediction)
-        self.phase = "serving"
+        self.adopt(self.cut, self.shape, prediction, measured)
+        self._phase = "serving"
         self._stop = False
         self.loop = threading.Thread(target=self._loop, name="seam-engine-loop", daemon=True)
         self.loop.start()
 
-    # --- layout arithmetic: everything comes from the planner ------------------------------------
+    # --- the layout served: written by `adopt` only -----------------------------------------------
+    @property
+    def cut(self) -> tuple[int, ...]:
+        return self._cut
+
+    @property
+    def shape(self) -> ServingShape:
+        return self._shape
+
+    @property
+    def prediction(self) -> PoolResult:
+        """The planner's prediction for the layout served."""
+        return self._prediction
+
+    @property
+    def measured(self) -> list[dict]:
+        """Each rank's figures for the layout it serves, as its build reported them."""
+        return self._measured
+
+    @property
+    def phase(self) -> str:
+        """starting | serving | broken, or the phase of the operation running (engine/control/operations.py); written
+        by set_phase, resume and mark_broken."""
+        return self._phase
+
     @property
     def max_model_len(self) -> int:
         return self.shape.max_model_len
+
+    # --- layout arithmetic: everything comes from the planner ------------------------------------
 
     def ladder(self, shape: ServingShape | None = None) -> Ladder | None:
         """The armed ladder priced at `shape` (default: the current one), or None when none is armed."""
@@ -135,22 +164,69 @@ class PipelineDriver:
                    for r in prediction.ranks]
         return prediction, layouts
 
-    def _install(self, cut: tuple[int, ...], shape: ServingShape, prediction: PoolResult) -> None:
-        """Make `cut` and `shape` current for the scheduler; only ever called with no sequence holding blocks."""
-        self.cut, self.shape, self.prediction = tuple(cut), shape, prediction
-        self.stages.clear()
-        self.latency.clear()
-        blocks = BlockManager((prediction.pool_tokens or 0) // shape.block_size, shape.block_size,
-                              tracks_kv=bool(self.census.attention_layers))
-        slots = SlotManager(shape.max_num_seqs)
-        old = getattr(self, "scheduler", None)
-        self.scheduler = Scheduler(blocks, slots, max_num_seqs=shape.max_num_seqs,
-                                   max_num_batched_tokens=shape.max_num_batched_tokens,
-                                   max_model_len=shape.max_model_len, eos_token_ids=self.eos_ids)
-        if old is not None:
-            self.scheduler.preemptions = old.preemptions
-            for seq in old.waiting:
-                self._requeue(seq)
+    # --- changing the layout (the steps are engine/control/operations.py's and recovery.py's) ----------
+    def adopt(self, cut: tuple[int, ...], shape: ServingShape, prediction: PoolResult, measured: list[dict]) -> None:
+        """Make a layout the ranks built and that verified against `prediction` the current one: the scheduler starts
+        afresh over its pools and takes the waiting requests over (refusing, saying why, any the new shape cannot
+        hold). Takes the lock; only ever called with no sequence holding blocks."""
+        with self.lock:
+            self._cut, self._shape, self._prediction, self._measured = tuple(cut), shape, prediction, measured
+            self.stages.clear()
+            self.latency.clear()
+            blocks = BlockManager((prediction.pool_tokens or 0) // shape.block_size, shape.block_size,
+                                  tracks_kv=bool(self.census.attention_layers))
+            slots = SlotManager(shape.max_num_seqs)
+            old = getattr(self, "scheduler", None)  # none yet at start-up
+            self.scheduler = Scheduler(blocks, slots, max_num_seqs=shape.max_num_seqs,
+                                       max_num_batched_tokens=shape.max_num_batched_tokens,
+                                       max_model_len=shape.max_model_len, eos_token_ids=self.eos_ids)
+            if old is not None:
+                self.scheduler.preemptions = old.preemptions
+                for seq in old.waiting:
+                    self._requeue(seq)
+
+    def drain(self, failing: Iterable[Sequence] = (), why: str = "") -> int:
+        """Every running request back to the queue, in order, to be recomputed after the change; those of `failing`
+        still running end with an error saying `why` instead. Returns how many failed."""
+        with self.lock:
+            failed = [seq for seq in failing if seq in self.scheduler.running]
+            for seq in failed:
+                self._fail(seq, why)
+            for seq in reversed(list(self.scheduler.running)):
+                self.scheduler.preempt(seq)
+        return len(failed)
+
+    def trial_step(self) -> None:
+        """One token through every rank, in a scratch slot and block that no sequence holds (they are taken from the
+        scheduler for the step); raises unless the pipeline really computes."""
+        scheduler = self.scheduler
+        with self.lock:
+            blocks = scheduler.blocks.allocate(scheduler.blocks.blocks_for(1))
+            slot = scheduler.slots.allocate()
+        try:
+            plan = StepPlan([0], [1], [0], [slot], [blocks], self.shape.block_size, [0])
+            self.ranks.call_all("step", [plan] * self.rig.size)
+        finally:
+            with self.lock:
+                scheduler.blocks.release(blocks)
+                scheduler.slots.release(slot)
+
+    def set_phase(self, phase: str) -> None:
+        """The phase of the operation running (pausing, draining, acting, verifying, rolling_back)."""
+        self._phase = phase
+
+    def resume(self) -> None:
+        """An operation is done: serving again, unless it left the engine broken."""
+        if self._phase != "broken":
+            self._phase = "serving"
+        self.wake.set()
+
+    def mark_broken(self, reason: str) -> None:
+        """No verified layout could be restored: every request is refused, now and from now on, and /healthz says
+        why."""
+        self.step_health.broken_reason = reason
+        self._phase = "broken"
+        self.refuse_all("the engine could not restore a verified layout after a failure")
 
     def _requeue(self, seq: Sequence) -> None:
         try:
@@ -264,9 +340,18 @@ class PipelineDriver:
                     handle.emit(token)
             for seq in finished:
                 self._finish(seq, seq.finish_reason or "length")
-        self.throughput.append((time.monotonic(), len(token_ids) - decode, decode))
+        self._throughput.append((time.monotonic(), len(token_ids) - decode, decode))
 
     # --- reading the engine ----------------------------------------------------------------------
+    def token_rates(self) -> tuple[float, float]:
+        """Prefill and decode tokens per second over the last THROUGHPUT_WINDOW_S of steps."""
+        now = time.monotonic()
+        while self._throughput and self._throughput[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._throughput.popleft()
+        prefill = sum(item[1] for item in self._throughput)
+        decode = sum(item[2] for item in self._throughput)
+        return prefill / THROUGHPUT_WINDOW_S, decode / THROUGHPUT_WINDOW_S
+
     def fingerprint(self) -> str:
         return layout_fingerprint(self.cut, self.shape)
 
@@ -290,7 +375,9 @@ class PipelineDriver:
         return self.ops.plan(body)
 
     def apply(self, plan: dict, plan_hash: str, job_id: int | None = None) -> str:
-        return self.ops.apply(plan, plan_hash, job_id)
+        operation_id = self.ops.apply(plan, plan_hash, job_id)
+        self.wake.set()  # the loop runs it at the next step boundary
+        return operation_id
 
     def operation(self, operation_id: str) -> Operation | None:
         return self.ops.get(operation_id)

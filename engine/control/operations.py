@@ -4,7 +4,8 @@ or restore the previous layout, verify it, and report `rolled_back` with both fi
 Operations run on the engine loop's thread between steps, one at a time. In-flight requests are
 preempted and requeued (recompute), never dropped; greedy outputs are the same as without the change.
 A failed step is recovered the same way, as a `recovery` operation (engine/control/recovery.py restores the layout,
-engine/control/health.py caps a loop of them). The newest KEEP_FINISHED finished operations are kept.
+engine/control/health.py caps a loop of them). The newest KEEP_FINISHED finished operations are kept. The driver is
+reached through engine/control/surface.py's `Reconfigurable` only.
 """
 
 from __future__ import annotations
@@ -15,22 +16,19 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from contracts.control import LayoutFigures, Operation, OperationStatus
 from contracts.errors import ContractError
 from contracts.layout import ServingShape
 from contracts.plan import PlanReply, PlanRequest, verify_plan
 from engine.control.protocol import ApplyRefused
-from engine.control.recovery import restore, trial_step, verify
+from engine.control.recovery import restore, verify
+from engine.control.surface import Reconfigurable
 from engine.errors import EngineError
+from engine.runtime.scheduler import Batch
 from solvers.errors import SolverError
 from solvers.ladder import switch_cost_s
 from solvers.plans import build_plan
-
-if TYPE_CHECKING:
-    from engine.control.driver import PipelineDriver
-    from engine.runtime.scheduler import Batch
 
 log = logging.getLogger("seam.engine")
 KEEP_FINISHED = 256  # finished operations kept for GET /control/operations; queued and running ones always are
@@ -92,7 +90,7 @@ def host_ram_available() -> int | None:
 
 
 class Operations:
-    def __init__(self, driver: PipelineDriver):
+    def __init__(self, driver: Reconfigurable):
         self.driver = driver
         self.items: dict[str, OperationRecord] = {}
         self.queue: deque[tuple[OperationRecord, tuple[int, ...], ServingShape]] = deque()
@@ -101,7 +99,7 @@ class Operations:
     # --- the control API -------------------------------------------------------------------------
     def plan(self, body: dict) -> PlanReply:
         driver = self.driver
-        request = PlanRequest.from_dict(body, ranks=driver.rig.size, num_layers=driver.config.num_layers)
+        request = PlanRequest.from_dict(body, ranks=driver.rig.size, num_layers=driver.census.num_layers)
         self._target(request)  # a kind this engine cannot apply is refused now, not after a review
         return build_plan(request, driver.census, driver.rig, driver.cut, driver.shape, ladder=driver.ladder())
 
@@ -110,7 +108,7 @@ class Operations:
         try:
             verify_plan(plan, plan_hash)
             request = PlanRequest.from_dict({key: plan.get(key) for key in ("kind", "target", "incumbent_fingerprint")},
-                                            ranks=driver.rig.size, num_layers=driver.config.num_layers)
+                                            ranks=driver.rig.size, num_layers=driver.census.num_layers)
         except ContractError as error:
             raise ApplyRefused(400, str(error)) from error
         with driver.lock:
@@ -133,7 +131,6 @@ class Operations:
                            plan_hash.lower(), job_id=job_id)
             self.record(op)
             self.queue.append((op, cut, shape))
-        driver.wake.set()
         return op.id
 
     def _target(self, request) -> tuple[tuple[int, ...], ServingShape]:
@@ -183,9 +180,7 @@ class Operations:
         try:
             self._phase(op, "pausing")  # the loop is between steps: nothing is mid-flight now
             self._phase(op, "draining")
-            with driver.lock:
-                for seq in reversed(list(driver.scheduler.running)):
-                    driver.scheduler.preempt(seq)  # requeued in order; recomputed after the change
+            driver.drain()  # requeued in order; recomputed after the change
             prediction, layouts = driver.layouts(cut, shape)
             op.predicted = LayoutFigures(prediction.pool_tokens, prediction.binding_rank, tuple(prediction.table()))
             ladder = driver.ladder(shape)
@@ -199,10 +194,8 @@ class Operations:
             problems = verify(prediction, measured)
             if problems:
                 raise EngineError("verification missed the prediction: " + "; ".join(problems))
-            with driver.lock:
-                driver.measured = measured
-                driver._install(cut, shape, prediction)
-            trial_step(driver)  # the new layout computes, through every rank
+            driver.adopt(cut, shape, prediction, measured)
+            driver.trial_step()  # the new layout computes, through every rank
             op.status = OperationStatus.SUCCEEDED
         except Exception as error:  # any failure restores the previous layout; none may end the loop
             named = isinstance(error, EngineError | SolverError | ContractError)  # their messages say what failed
@@ -214,12 +207,11 @@ class Operations:
                 log.exception("operation %s: restoring %s failed; the engine is broken", op.id, list(old_cut))
         finally:
             op.phase, op.finished = "done", time.time()
-            if driver.phase != "broken":
-                driver.phase = "serving"
-            driver.wake.set()
+            driver.resume()
 
     def _phase(self, op: OperationRecord, phase: str) -> None:
-        op.phase = self.driver.phase = phase
+        op.phase = phase
+        self.driver.set_phase(phase)
 
     def _check_host_ram(self, op: OperationRecord, cut: tuple[int, ...]) -> None:
         driver = self.driver
@@ -250,9 +242,7 @@ class Operations:
         except Exception as error:
             op.status = OperationStatus.FAILED
             op.error = f"{op.error}; restoring the previous layout failed too: {error}"
-            driver.step_health.broken_reason = op.error
-            driver.phase = "broken"
-            driver.refuse_all("the engine could not restore a verified layout after a failure")
+            driver.mark_broken(op.error)
             raise
         finally:
             if driver.ranks.restarts > restarts:
@@ -270,15 +260,11 @@ class Operations:
         op = OperationRecord(f"recovery-{next(self.counter)}", "recovery", {"cut": list(driver.cut)}, "",
                              OperationStatus.RUNNING)
         op.error = str(error)
-        with driver.lock:
-            if looping:
-                refused = [seq for seq in batch.seqs if seq in driver.scheduler.running]
-                for seq in refused:
-                    driver._fail(seq, f"the engine failed {driver.step_health.recoveries_in_a_row} steps in a row, "
-                                      f"the last with this request; it is refused rather than retried: {error}")
-                op.notes.append(f"a recovery loop: {len(refused)} requests of the failing batch were refused")
-            for seq in reversed(list(driver.scheduler.running)):
-                driver.scheduler.preempt(seq)
+        refused = driver.drain(batch.seqs if looping else (),
+                               f"the engine failed {driver.step_health.recoveries_in_a_row} steps in a row, the last "
+                               f"with this request; it is refused rather than retried: {error}")
+        if looping:
+            op.notes.append(f"a recovery loop: {refused} requests of the failing batch were refused")
         self.record(op)
         try:
             self._restore(op, driver.cut, driver.shape, restart=restart)
@@ -287,5 +273,4 @@ class Operations:
             log.exception("recovery failed; the engine is broken")
         finally:
             op.phase, op.finished = "done", time.time()
-            if driver.phase != "broken":
-                driver.phase = "serving"
+            driver.resume()

@@ -9,15 +9,11 @@ through every rank; if it does not after a rebuild in place, the rank processes 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from contracts.layout import ServingShape
+from engine.control.surface import Reconfigurable
 from engine.errors import EngineError
-from engine.step_plan import StepPlan
 from solvers.capacity import PoolResult
-
-if TYPE_CHECKING:
-    from engine.control.driver import PipelineDriver
 
 log = logging.getLogger("seam.engine")
 
@@ -36,23 +32,7 @@ def verify(prediction: PoolResult, measured: list[dict]) -> list[str]:
     return problems
 
 
-def trial_step(driver: PipelineDriver) -> None:
-    """One token through every rank, in a scratch slot and block that no sequence holds (they are taken from the
-    scheduler for the step); raises unless the pipeline really computes."""
-    scheduler = driver.scheduler
-    with driver.lock:
-        blocks = scheduler.blocks.allocate(scheduler.blocks.blocks_for(1))
-        slot = scheduler.slots.allocate()
-    try:
-        plan = StepPlan([0], [1], [0], [slot], [blocks], driver.shape.block_size, [0])
-        driver.ranks.call_all("step", [plan] * driver.rig.size)
-    finally:
-        with driver.lock:
-            scheduler.blocks.release(blocks)
-            scheduler.slots.release(slot)
-
-
-def restore(driver: PipelineDriver, cut: tuple[int, ...], shape: ServingShape, restart: bool) -> list[dict]:
+def restore(driver: Reconfigurable, cut: tuple[int, ...], shape: ServingShape, restart: bool) -> list[dict]:
     """Make `cut` and `shape` current again, verified and test-stepped; returns what the ranks measured. Running
     sequences must have been preempted (their blocks are gone with the rebuilt pools)."""
     if not restart and driver.ranks.alive():
@@ -64,14 +44,12 @@ def restore(driver: PipelineDriver, cut: tuple[int, ...], shape: ServingShape, r
     return _rebuild(driver, cut, shape)
 
 
-def _rebuild(driver: PipelineDriver, cut: tuple[int, ...], shape: ServingShape) -> list[dict]:
+def _rebuild(driver: Reconfigurable, cut: tuple[int, ...], shape: ServingShape) -> list[dict]:
     prediction, layouts = driver.layouts(cut, shape)
     measured = driver.ranks.call_all("build", layouts)
     problems = verify(prediction, measured)
     if problems:
         raise EngineError("; ".join(problems))
-    with driver.lock:
-        driver.measured = measured
-        driver._install(cut, shape, prediction)
-    trial_step(driver)
+    driver.adopt(cut, shape, prediction, measured)
+    driver.trial_step()
     return measured

@@ -1,38 +1,24 @@
 """What the driver shows of itself: the telemetry snapshot (contracts/telemetry.py's Snapshot: per rank memory and
 pools, engine state and health) and GET /control/state (contracts/control.py's EngineState); both carry the
-measurement of the running layout (contracts/measurement.py's)."""
+measurement of the running layout (contracts/measurement.py's). The driver is read through
+engine/control/surface.py's `Observable`."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from contracts.control import EngineState, LadderState
 from contracts.layout import Cut
 from contracts.measurement import LayoutMeasurement, PoolFigures
 from contracts.telemetry import EngineSnapshot, MemoryUse, RankSnapshot, Snapshot
 from engine.control.operations import measured_figures
+from engine.control.surface import Observable
 from solvers.ladder import switch_cost_s
 
-if TYPE_CHECKING:
-    from engine.control.driver import PipelineDriver
 
-THROUGHPUT_WINDOW_S = 5.0
-
-
-def _rates(driver: PipelineDriver) -> tuple[float, float]:
-    """Prefill and decode tokens per second over the last few seconds of steps."""
-    now = time.monotonic()
-    while driver.throughput and driver.throughput[0][0] < now - THROUGHPUT_WINDOW_S:
-        driver.throughput.popleft()
-    prefill = sum(item[1] for item in driver.throughput)
-    decode = sum(item[2] for item in driver.throughput)
-    return prefill / THROUGHPUT_WINDOW_S, decode / THROUGHPUT_WINDOW_S
-
-
-def build_measurement(driver: PipelineDriver) -> LayoutMeasurement:
+def build_measurement(driver: Observable) -> LayoutMeasurement:
     """What the driver measured of the layout it serves; the caller holds the driver's lock."""
-    prefill_rate, decode_rate = _rates(driver)
+    prefill_rate, decode_rate = driver.token_rates()
     stages = driver.stages.summary()
     # `real` is what the scheduler hands out: whole blocks of the pool; without attention nothing grows with tokens.
     real = driver.scheduler.blocks.capacity_tokens if driver.census.attention_layers else None
@@ -50,7 +36,7 @@ def _build_figures(measured: dict) -> dict | None:
     return figures or None
 
 
-def build_snapshot(driver: PipelineDriver, seq: int) -> Snapshot:
+def build_snapshot(driver: Observable, seq: int) -> Snapshot:
     scheduler = driver.scheduler
     ranks = []
     for predicted, measured, spec in zip(driver.prediction.ranks, driver.measured, driver.rig.ranks, strict=True):
@@ -83,7 +69,7 @@ def build_snapshot(driver: PipelineDriver, seq: int) -> Snapshot:
     return Snapshot(seq=seq, ts=time.time(), ranks=tuple(ranks), engine=engine)
 
 
-def build_state(driver: PipelineDriver) -> EngineState:
+def build_state(driver: Observable) -> EngineState:
     """GET /control/state; the caller holds the driver's lock."""
     return EngineState(
         model=driver.model_name, rig=driver.rig.name, boot_id=driver.boot_id, fingerprint=driver.fingerprint(),
@@ -95,7 +81,7 @@ def build_state(driver: PipelineDriver) -> EngineState:
         health=driver.health())
 
 
-def _ladder_state(driver: PipelineDriver) -> LadderState:
+def _ladder_state(driver: Observable) -> LadderState:
     ladder = driver.ladder()
     if ladder is None:
         return LadderState(armed=False)

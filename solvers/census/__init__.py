@@ -12,8 +12,9 @@ from typing import Any
 from solvers.census import families
 from solvers.census.families import ADAPTERS
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
-from solvers.census.quantization import WEIGHT_DTYPES, price_weights
+from solvers.census.layers import LayerCensus, LayerKind, Linear
+from solvers.census.model import ModelCensus, price_weights
+from solvers.census.quantization import WEIGHT_DTYPES
 from solvers.errors import CensusError
 
 __all__ = ["WEIGHT_DTYPES", "LayerCensus", "LayerKind", "Linear", "ModelCensus", "builtin_models",

@@ -1,4 +1,5 @@
-"""The census of a model: per-layer kind and the three prices of every layer (docs/domain.md §2).
+"""The census of a model: per-layer kind and the three prices of every layer (docs/domain.md §2), its weights priced
+as stored or as served (`price_weights`).
 
 Prices are kept as element counts and turned into bytes by a dtype at the point of use, because
 the KV and state dtypes are the operator's choice, not the config's.
@@ -6,74 +7,13 @@ the KV and state dtypes are the operator's choice, not the config's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from solvers.census.layers import LayerCensus, LayerKind
+from solvers.census.quantization import CAST_DTYPES, DEFAULT_BLOCK, WEIGHT_DTYPES, WeightQuantization, from_config
 from solvers.dtypes import width
-
-if TYPE_CHECKING:  # quantization prices layers, so it imports this module, not the other way round
-    from solvers.census.quantization import WeightQuantization
-
-
-class LayerKind:
-    """Mixer kinds a layer can have; declared once."""
-
-    FULL_ATTENTION = "full_attention"
-    SLIDING_ATTENTION = "sliding_attention"
-    MLA = "mla"
-    LINEAR_ATTENTION = "linear_attention"  # Gated DeltaNet
-    MAMBA = "mamba"
-    MAMBA2 = "mamba2"
-    MLP = "mlp"  # a layer with no token mixer (Nemotron-H '-' / 'E')
-
-    GROWING_KV = (FULL_ATTENTION, MLA)  # KV grows with every token
-    ALL = (FULL_ATTENTION, SLIDING_ATTENTION, MLA, LINEAR_ATTENTION, MAMBA, MAMBA2, MLP)
-
-
-@dataclass(frozen=True)
-class Linear:
-    """One weight matrix of a layer (out x in), `count` copies of it when every expert has one.
-
-    Named as the module is named inside its decoder layer (`self_attn.q_proj`, `mlp.experts.*.up_proj`,
-    `*` standing for the expert index), because a checkpoint's quantization_config names the modules
-    it left unquantized. Its bias, if any, is not part of it: biases stay at the model dtype.
-    """
-
-    name: str
-    out_features: int
-    in_features: int
-    count: int = 1
-    gate: bool = False  # a router or gate: fp8 checkpoints keep these at the model dtype by default
-
-    @property
-    def params(self) -> int:
-        return self.count * self.out_features * self.in_features
-
-
-@dataclass(frozen=True)
-class LayerCensus:
-    index: int
-    kind: str
-    weight_params: int  # everything the layer stores: its linears plus norms, biases, convs, ...
-    # Elements stored per token by this layer's cache (full, MLA or sliding attention), else 0.
-    kv_elements_per_token: int = 0
-    # Sliding window: the cache is capped at this many tokens per sequence (a per-slot cost).
-    window_tokens: int = 0
-    # Per-sequence recurrent residency of linear-attention / mamba layers.
-    conv_state_elements: int = 0
-    recurrent_state_elements: int = 0
-    ffn: str = "dense"  # dense | moe | none
-    # The weight matrices among weight_params, which a weight quantization converts.
-    linears: tuple[Linear, ...] = ()
-
-    @property
-    def grows_with_tokens(self) -> bool:
-        return self.kind in LayerKind.GROWING_KV
-
-    @property
-    def is_attention(self) -> bool:
-        """An attention layer in the operator's sense: its cache grows with context."""
-        return self.grows_with_tokens
+from solvers.errors import CensusError
 
 
 @dataclass(frozen=True)
@@ -197,3 +137,35 @@ class ModelCensus:
             "tied_embeddings": self.tied_embeddings,
             "notes": list(self.notes),
         }
+
+
+def price_weights(census: ModelCensus, config: dict[str, Any], source: str,
+                  weight_dtype: str | None = None) -> ModelCensus:
+    """The census with its weights priced as stored (the config's quantization) or as the operator serves
+    them (`weight_dtype`, which wins). Every family goes through here: one pricing of quantized weights."""
+    if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPES:
+        raise CensusError(f"weight dtype {weight_dtype!r}: use one of {', '.join(WEIGHT_DTYPES)}")
+    declared = config.get("quantization_config")
+    if weight_dtype in CAST_DTYPES:
+        # A cast model computes in that dtype too, so the KV and state defaults follow it (an engine's --dtype).
+        note = f"weights priced at {weight_dtype} (weight dtype given), not the config's {census.dtype}"
+        if declared:
+            note += " or its quantization_config"
+        return replace(census, dtype=CAST_DTYPES[weight_dtype], quantization=None, notes=(*census.notes, note))
+    if weight_dtype == "fp8" and not (isinstance(declared, dict) and declared.get("quant_method") == "fp8"):
+        stored = WeightQuantization(DEFAULT_BLOCK, None, "weight_dtype")
+    else:  # the checkpoint's own fp8 layout (its block and unconverted modules) wins over the default
+        stored = from_config(config, source)
+        if stored is None:
+            return census
+    if any(layer.weight_params and not layer.linears for layer in census.layers):
+        raise CensusError(f"family {census.family!r}: the adapter lists no weight matrices for some layers, so their "
+                          "fp8 price is unknown")
+    quantized = replace(census, quantization=stored)
+    total = sum(layer.weight_params for layer in census.layers)
+    layer_bytes = sum(quantized.weight_bytes_per_layer())
+    kept = ("modules_to_not_convert" if stored.not_converted is not None else "routers and gates")
+    note = (f"decoder-layer linears {stored.describe()} ({stored.source}): {layer_bytes / 2**30:.1f} GiB, "
+            f"{layer_bytes / total:.4f} bytes/param ({total * 2 / 2**30:.1f} GiB at bf16); {kept}, norms, "
+            f"embeddings and lm_head stay {census.dtype}")
+    return replace(quantized, notes=(*census.notes, note))

@@ -8,19 +8,20 @@ Two sources, one implementation:
 An fp8 linear stores 1 byte per weight plus one fp32 inverse scale per block of its out x in matrix.
 Everything else (norms, biases, convs, embeddings, lm_head, and the modules the checkpoint did not
 convert) stays at the model dtype. A quant_method this module does not know is refused, never guessed.
+`price_weights` (solvers/census/model.py) picks the source for a census.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from solvers.census.model import LayerCensus, Linear, ModelCensus
+from solvers.census.layers import LayerCensus, Linear
 from solvers.errors import CensusError
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "fp8")
-_CAST = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+CAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # weight dtypes that cast the whole model
 FP8_WIDTH = 1
 SCALE_WIDTH = 4  # fine-grained fp8 checkpoints keep each block's inverse scale (weight_scale_inv) in fp32
 DEFAULT_BLOCK = (128, 128)  # what `weight_dtype fp8` assumes: the block Qwen and DeepSeek publish
@@ -126,35 +127,3 @@ def from_config(config: dict[str, Any], source: str) -> WeightQuantization | Non
     kept = quant.get("modules_to_not_convert")
     return WeightQuantization(None if block is None else (block[0], block[1]),
                               None if kept is None else tuple(str(entry) for entry in kept), "quantization_config")
-
-
-def price_weights(census: ModelCensus, config: dict[str, Any], source: str,
-                  weight_dtype: str | None = None) -> ModelCensus:
-    """The census with its weights priced as stored (the config's quantization) or as the operator serves
-    them (`weight_dtype`, which wins). Every family goes through here: one pricing of quantized weights."""
-    if weight_dtype is not None and weight_dtype not in WEIGHT_DTYPES:
-        raise CensusError(f"weight dtype {weight_dtype!r}: use one of {', '.join(WEIGHT_DTYPES)}")
-    declared = config.get("quantization_config")
-    if weight_dtype in _CAST:
-        # A cast model computes in that dtype too, so the KV and state defaults follow it (an engine's --dtype).
-        note = f"weights priced at {weight_dtype} (weight dtype given), not the config's {census.dtype}"
-        if declared:
-            note += " or its quantization_config"
-        return replace(census, dtype=_CAST[weight_dtype], quantization=None, notes=(*census.notes, note))
-    if weight_dtype == "fp8" and not (isinstance(declared, dict) and declared.get("quant_method") == "fp8"):
-        stored = WeightQuantization(DEFAULT_BLOCK, None, "weight_dtype")
-    else:  # the checkpoint's own fp8 layout (its block and unconverted modules) wins over the default
-        stored = from_config(config, source)
-        if stored is None:
-            return census
-    if any(layer.weight_params and not layer.linears for layer in census.layers):
-        raise CensusError(f"family {census.family!r}: the adapter lists no weight matrices for some layers, so their "
-                          "fp8 price is unknown")
-    quantized = replace(census, quantization=stored)
-    total = sum(layer.weight_params for layer in census.layers)
-    layer_bytes = sum(quantized.weight_bytes_per_layer())
-    kept = ("modules_to_not_convert" if stored.not_converted is not None else "routers and gates")
-    note = (f"decoder-layer linears {stored.describe()} ({stored.source}): {layer_bytes / 2**30:.1f} GiB, "
-            f"{layer_bytes / total:.4f} bytes/param ({total * 2 / 2**30:.1f} GiB at bf16); {kept}, norms, "
-            f"embeddings and lm_head stay {census.dtype}")
-    return replace(quantized, notes=(*census.notes, note))

@@ -59,7 +59,7 @@ def test_a_layout_change_clears_the_log_and_forgets_requests_in_flight():
     _serve(log, 1, 0.0, [0.1, 0.2])
     log.submitted(2, at=0.0)
     log.emitted([2], at=0.3)
-    log.clear()  # what PipelineDriver._install does for every new layout
+    log.clear()  # what PipelineDriver.adopt does for every new layout
     assert log.summary() == Latency(requests=0, ttft_ms=None, itl_ms=None)
     log.emitted([2], at=5.0)  # request 2 spans both layouts: never counted
     log.finished(2, "length")

@@ -6,7 +6,7 @@ Not an adapter itself; the family modules (llama, qwen, gemma, ...) build on it.
 from __future__ import annotations
 
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, Linear
+from solvers.census.layers import LayerCensus, LayerKind, Linear
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
 

@@ -11,7 +11,8 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import attention_layer, require_all
 from solvers.census.families.common import build_census, mlp_params
 from solvers.census.fields import ConfigFields
-from solvers.census.model import Linear, ModelCensus
+from solvers.census.layers import Linear
+from solvers.census.model import ModelCensus
 
 
 @adapter("chatglm")

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, Linear, ModelCensus
+from solvers.census.layers import LayerCensus, Linear
+from solvers.census.model import ModelCensus
 
 
 def mlp_params(hidden: int, intermediate: int, *, gated: bool = True, bias: bool = False) -> int:

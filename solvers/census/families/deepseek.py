@@ -9,7 +9,8 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import require_all
 from solvers.census.families.common import build_census, mlp_linears
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
+from solvers.census.layers import LayerCensus, LayerKind, Linear
+from solvers.census.model import ModelCensus
 
 _MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 

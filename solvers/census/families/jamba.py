@@ -19,7 +19,8 @@ from solvers.census.families.attention import (
 )
 from solvers.census.families.common import build_census, mlp_linears, mlp_params, moe_linears, moe_params
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
+from solvers.census.layers import LayerCensus, LayerKind, Linear
+from solvers.census.model import ModelCensus
 
 _MAMBA_FIELDS = ("mamba_d_state", "mamba_d_conv", "mamba_expand")
 

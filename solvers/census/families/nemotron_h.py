@@ -10,7 +10,8 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import attention_layer, attention_linears, attention_params, require_all
 from solvers.census.families.common import build_census, mlp_linears, mlp_params
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
+from solvers.census.layers import LayerCensus, LayerKind, Linear
+from solvers.census.model import ModelCensus
 
 # Pattern characters and the list spellings (old and new) of layers_block_type / layer_types.
 _BLOCKS = {

@@ -6,7 +6,8 @@ from solvers.census.families import adapter
 from solvers.census.families.attention import attention_linears
 from solvers.census.families.common import build_census, mlp_linears, mlp_params, moe_linears, moe_params
 from solvers.census.fields import ConfigFields
-from solvers.census.model import LayerCensus, LayerKind, Linear, ModelCensus
+from solvers.census.layers import LayerCensus, LayerKind, Linear
+from solvers.census.model import ModelCensus
 
 
 def _layer_types(fields: ConfigFields, num_layers: int) -> list[str]:

@@ -9,8 +9,9 @@ import pytest
 from factories import hybrid_census
 
 from solvers.census import CONFIG_DIR, WEIGHT_DTYPES, builtin_models, census_from_config, load_census
-from solvers.census.model import Linear
-from solvers.census.quantization import WeightQuantization, price_weights
+from solvers.census.layers import Linear
+from solvers.census.model import price_weights
+from solvers.census.quantization import WeightQuantization
 from solvers.errors import CensusError
 
 H, EXPERTS, EXPERT, SHARED = 2048, 512, 512, 512  # Qwen3-Next-80B-A3B
