@@ -42,8 +42,8 @@ from console.audit.anchor import AnchorState
 from console.audit.models import AuditEvent
 from console.audit.services import export_jsonl, verify_chain
 from console.audit.verification import WitnessState
+from console.audit.witness import engine_witness
 from console.jobs import services
-from console.jobs.audit_witness import engine_witness
 from console.jobs.choices import JobStatus
 from console.jobs.errors import JobNotFound
 from console.jobs.models import Job

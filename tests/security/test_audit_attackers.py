@@ -23,9 +23,9 @@ from console.audit.anchor import anchor_mac, anchor_path
 from console.audit.chain import compute_hash, event_content
 from console.audit.models import AuditEvent
 from console.audit.services import audit_head, record, verify_chain
+from console.audit.witness import engine_witness
 from console.engine import EngineClient, EngineRefused
 from console.jobs import services, webhooks, worker
-from console.jobs.audit_witness import engine_witness
 from console.jobs.models import Job
 from solvers.attestation import AuditHead, sign_attestation
 from solvers.plans import canonical_json
