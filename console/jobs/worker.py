@@ -39,7 +39,6 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.calibration import recording
 from console.engine import (
     OPERATION_DONE,
     EngineClient,
@@ -54,6 +53,7 @@ from console.jobs.attestation import CannotAttest, attest
 from console.jobs.choices import JobStatus
 from console.jobs.errors import JobError
 from console.jobs.models import Approval, Job
+from console.jobs.signals import job_ended_on_engine
 from solvers.errors import SolverError
 from solvers.plans import verify_plan
 
@@ -242,7 +242,8 @@ def _ended_on_engine(job: Job, engine: EngineClient, operation: Operation, recon
         log.warning("job %s: the engine's state after it could not be read (%s)", job.pk, error)
         return ending
     layout_watch.note_job_end(job, state, engine.base_url)
-    recording.note_job_end(job, state, engine.base_url)  # never raises: the job has ended as the engine said
+    # The calibration records the job's measurement and prediction from it (console.calibration.signals).
+    job_ended_on_engine.send(sender=Job, job=job, state=state, engine_url=engine.base_url)
     return ending
 
 
