@@ -1,22 +1,31 @@
-"""The one service layer for jobs: pages, the API and the worker all change jobs through these functions.
+"""The life of a job, every change of its state in one module: propose -> review -> execute -> settle. Pages, the
+API, beat and the worker all change jobs through these functions.
 
-    propose(user, body)            operator: ask the engine for a plan, store it with its hash and prediction (and
-                                   its `not_before`, for a scheduled change: console.jobs.schedule)
-    revise(user, job, body=None)   the proposer: plan again; a new plan_hash dismisses every approval (rule 2)
-    approve(user, job, plan_hash=) reviewer, never the proposer (rule 1), bound to the plan_hash seen (rule 2);
-                                   counts unexpired approvals of reviewers still in the role against
-                                   SEAM_REQUIRED_APPROVALS (rule 3); the last one needed moves the job
-                                   approved -> queued and hands it to Celery on commit, or, for a job whose
-                                   not_before lies ahead, leaves it approved
-    queue_due(now=None)            beat: scheduled jobs whose not_before has come, approved -> queued, handed over
-    reject(user, job, reason=)     reviewer: proposed -> rejected; the engine is never asked
-    cancel(user, job)              operator, own job, before it runs: -> cancelled
-    propose_revert(user, job)      operator: a succeeded job that missed its predicted speedup -> a new proposed job
-                                   back to the layout it replaced, linked to it (`reverts`), reviewed like any other
-    (a refused propose, approve, reject, cancel or revert is an audit event too: `job.<verb>_refused`,
-    console.jobs.refusals)
-    start / note_engine_boot / record_operation / report_progress / finish     the worker's side
-                                   (console.jobs.execution)
+    propose   propose(user, body)            operator: ask the engine for a plan, store it with its hash and
+                                             prediction (and its `not_before`, for a scheduled change:
+                                             console.jobs.schedule)
+              revise(user, job, body=None)   the proposer: plan again; a new plan_hash dismisses every approval
+                                             (rule 2)
+              cancel(user, job)              operator, own job, before it runs: -> cancelled
+              propose_revert(user, job)      operator: a succeeded job that missed its predicted speedup -> a new
+                                             proposed job back to the layout it replaced, linked to it (`reverts`),
+                                             reviewed like any other
+    review    approve(user, job, plan_hash=) reviewer, never the proposer (rule 1), bound to the plan_hash seen
+                                             (rule 2); counts unexpired approvals of reviewers still in the role
+                                             against SEAM_REQUIRED_APPROVALS (rule 3); the last one needed moves the
+                                             job approved -> queued and hands it to Celery on commit, or, for a job
+                                             whose not_before lies ahead, leaves it approved
+              reject(user, job, reason=)     reviewer: proposed -> rejected; the engine is never asked
+              queue_due(now=None)            beat: scheduled jobs whose not_before has come, approved -> queued,
+                                             handed over
+    execute   hand_off(job_id)               on commit: the job to Celery's `run_job` task, reached by its name
+              start / note_engine_boot / record_operation / report_progress      the worker's side
+                                             (console.jobs.worker drives the engine and calls these)
+    settle    finish(job, status)            the worker or the reconciler: running -> succeeded | failed |
+                                             rolled_back | stale
+
+(a refused propose, approve, reject, cancel or revert is an audit event too: `job.<verb>_refused`,
+console.jobs.refusals)
 
 Every transition is compare-and-set on the status (an UPDATE filtered on the expected status, refused unless
 it changed exactly one row), so two reviewers, two workers or a worker and the reconciler cannot both win.
@@ -25,47 +34,50 @@ fails the change rolls back), and the live hook (events.publish_job_update) and 
 (console.jobs.webhooks) run only after the commit.
 Refusals raise console.jobs.errors (each with its HTTP status_code). The rules numbered above are the review
 gate's, docs/architecture.md §4.
+
+This module sits below the worker and Celery's tasks (console.jobs.worker, console.jobs.tasks): it imports neither,
+and reaches the task that runs a job by its name.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from functools import partial
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from console.audit.request_id import current_request_id, is_sane_request_id
 from console.audit.services import record
+from console.celery import app as celery_app
 from console.engine import EngineClient
 from console.jobs import planning, schedule, webhooks
-from console.jobs.choices import ACTIVE, CANCELLABLE, JobKind, JobStatus, SpeedVerdict
-from console.jobs.errors import Conflict, InvalidProposal, JobError, NotAllowed
-from console.jobs.execution import finish, hand_off, note_engine_boot, record_operation, report_progress, start
+from console.jobs.choices import ACTIVE, CANCELLABLE, TERMINAL, JobKind, JobStatus, SpeedVerdict, can_move
+from console.jobs.errors import Conflict, InvalidProposal, JobError, JobNotFound, NotAllowed
+from console.jobs.events import publish_job_update
 from console.jobs.models import Approval, Job, LayoutCause
 from console.jobs.refusals import body_digest, records_refusals, refuse_proposal
-from console.jobs.roles import OPERATOR, REVIEWER
-from console.jobs.transitions import (
-    carried_request_id,
-    get_job,
-    job_id_of,
-    lost,
-    publish_on_commit,
-    require_role,
-    subject_of,
-    transition,
-)
-from console.jobs.vouching import APPROVAL_EVENT, approval_binding
+from console.jobs.roles import OPERATOR, REVIEWER, has_role
+
+__all__ = ["APPROVAL_EVENT", "RUN_JOB", "WORKER_ENDINGS", "approval_binding", "approvals_counting", "approve",
+           "cancel", "finish", "get_job", "hand_off", "job_id_of", "note_engine_boot", "propose", "propose_revert",
+           "publish_on_commit", "queue_due", "record_operation", "reject", "report_progress", "required_approvals",
+           "revise", "start", "subject_of"]
 
 log = logging.getLogger("seam.jobs")
 
-# The worker's side lives in console.jobs.execution; it is named here too so that every caller goes through
-# this one module.
-__all__ = ["approve", "approvals_counting", "cancel", "finish", "hand_off", "note_engine_boot", "propose",
-           "propose_revert", "queue_due", "record_operation", "reject", "report_progress", "required_approvals",
-           "revise", "start"]
+# The Celery task that runs a queued job (console.jobs.tasks.run_job), named here once and sent by name.
+RUN_JOB = "console.jobs.tasks.run_job"
 
-# --- the operator's side -----------------------------------------------------------------------
+# The audit event that records an approval; it vouches for the approval when the worker attests the job
+# (console.jobs.vouching).
+APPROVAL_EVENT = "job.approval"
+
+WORKER_ENDINGS = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.ROLLED_BACK, JobStatus.STALE})
+
+# --- propose -------------------------------------------------------------------------------------
 
 def propose(user, body: object, *, request_id: str | None = None, client: EngineClient | None = None) -> Job:
     """Plan `{"kind", "target"[, "incumbent_fingerprint"][, "not_before"]}` on the engine and store it as a proposed
@@ -77,7 +89,7 @@ def propose(user, body: object, *, request_id: str | None = None, client: Engine
     `not_before` (ISO 8601 with a timezone, in the future) makes it a scheduled change.
     """
     try:
-        require_role(user, OPERATOR, "proposing a job")
+        _require_role(user, OPERATOR, "proposing a job")
         plan_body, not_before = schedule.split_schedule(body)
         kind, target, seen = planning.parse_body(plan_body)
         plan, plan_hash, incumbent = planning.plan(kind, target, seen, client)
@@ -114,7 +126,7 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
     A plan that hashes differently replaces the old one and dismisses every approval given so far: they were
     given for another plan (rule 2). A plan that hashes the same changes nothing.
     """
-    require_role(user, OPERATOR, "revising a job")
+    _require_role(user, OPERATOR, "revising a job")
     job = get_job(job)
     if job.proposer_id != user.pk:
         raise NotAllowed(f"only the proposer ({job.proposer_name}) may revise job {job.pk}")
@@ -146,13 +158,13 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
 @records_refusals("cancel")
 def cancel(user, job: Job | int, *, request_id: str | None = None) -> Job:
     """The proposer withdraws a job the worker has not picked up (proposed, approved or queued)."""
-    require_role(user, OPERATOR, "cancelling a job")
+    _require_role(user, OPERATOR, "cancelling a job")
     job = get_job(job)
     if job.proposer_id != user.pk:
         raise NotAllowed(f"only the proposer ({job.proposer_name}) may cancel job {job.pk}")
     if job.status not in CANCELLABLE:
         raise Conflict(f"job {job.pk} is {job.status}: only a job that has not started can be cancelled")
-    return transition(job.pk, job.status, JobStatus.CANCELLED, actor=user, request_id=request_id)
+    return _transition(job.pk, job.status, JobStatus.CANCELLED, actor=user, request_id=request_id)
 
 
 @records_refusals("revert")
@@ -161,7 +173,7 @@ def propose_revert(user, job: Job | int, *, request_id: str | None = None, clien
     proposed job (through the same review gate as any other) whose target is that layout, linked to the job it
     reverts. Refused unless the job missed its prediction, and when the engine no longer runs the layout the job
     left (then there is nothing of the job's to undo: the plan would be priced against another layout)."""
-    require_role(user, OPERATOR, "proposing a revert")
+    _require_role(user, OPERATOR, "proposing a revert")
     job = get_job(job)
     kind, target, left = _revert_request(job)
     try:
@@ -198,7 +210,7 @@ def _revert_request(job: Job) -> tuple[str, dict, str]:
     return job.kind, target, left.fingerprint
 
 
-# --- the reviewer's side -----------------------------------------------------------------------
+# --- review --------------------------------------------------------------------------------------
 
 def required_approvals() -> int:
     return max(1, int(settings.SEAM_REQUIRED_APPROVALS))
@@ -207,6 +219,11 @@ def required_approvals() -> int:
 def approvals_counting(job: Job, now=None) -> int:
     """Distinct reviewers whose approval counts for this job's current plan now (Approval.objects.counting_for)."""
     return Approval.objects.counting_for(job, now).values("reviewer_id").distinct().count()
+
+
+def approval_binding(approval: Approval) -> dict:
+    """What the approval's audit event records of it, beside its subject (the job) and actor (the reviewer)."""
+    return {"approval": approval.pk, "plan_hash": approval.plan_hash, "expires_at": approval.expires_at.isoformat()}
 
 
 @records_refusals("approve")
@@ -218,14 +235,14 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
     not_before lies ahead stays approved until queue_due queues it then. An approval lasts SEAM_APPROVAL_TTL_S,
     counted from the job's not_before when that is later (console.jobs.schedule.approval_expiry).
     """
-    require_role(user, REVIEWER, "approving a job")
+    _require_role(user, REVIEWER, "approving a job")
     job_id = job_id_of(job)
     now = timezone.now()
     with transaction.atomic():
         # Write to the job's row first: it locks the row (PostgreSQL) or the database (SQLite) until commit,
         # so approvals of one job are counted one after another and the count that queues it is exact.
         if Job.objects.filter(pk=job_id, status=JobStatus.PROPOSED).update(updated=now) != 1:
-            raise lost(job_id, JobStatus.PROPOSED, "approve it")
+            raise _lost(job_id, JobStatus.PROPOSED, "approve it")
         job = Job.objects.get(pk=job_id)
         if job.proposer_id == user.pk:
             raise NotAllowed(f"{user.get_username()} proposed job {job.pk} and cannot approve it: "
@@ -252,12 +269,12 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
         if waits:
             gate["scheduled_for"] = job.not_before.isoformat()
         # The request id is kept from here, so a job beat queues later still carries the request that approved it.
-        carried = carried_request_id(request_id)
-        job = transition(job.pk, JobStatus.PROPOSED, JobStatus.APPROVED, actor=user, request_id=request_id,
+        carried = _carried_request_id(request_id)
+        job = _transition(job.pk, JobStatus.PROPOSED, JobStatus.APPROVED, actor=user, request_id=request_id,
                          payload=gate, request_id_field=carried)
         if waits:
             return job
-        job = transition(job.pk, JobStatus.APPROVED, JobStatus.QUEUED, actor=user, request_id=request_id,
+        job = _transition(job.pk, JobStatus.APPROVED, JobStatus.QUEUED, actor=user, request_id=request_id,
                          payload={"plan_hash": job.plan_hash}, queued_at=now)
         transaction.on_commit(partial(hand_off, job.pk, carried), robust=True)
     return job
@@ -272,10 +289,10 @@ def queue_due(now=None) -> list[int]:
     due = (Job.objects.filter(status=JobStatus.APPROVED, not_before__lte=now).order_by("not_before", "pk")
            .values_list("pk", "not_before", "request_id"))
     for job_id, not_before, request_id in due:
-        carried = carried_request_id(request_id)
+        carried = _carried_request_id(request_id)
         try:
             with transaction.atomic():
-                transition(job_id, JobStatus.APPROVED, JobStatus.QUEUED, actor=None, request_id=carried,
+                _transition(job_id, JobStatus.APPROVED, JobStatus.QUEUED, actor=None, request_id=carried,
                            payload={"scheduled_for": not_before.isoformat()}, queued_at=timezone.now(),
                            request_id_field=carried)
                 transaction.on_commit(partial(hand_off, job_id, carried), robust=True)
@@ -289,8 +306,170 @@ def queue_due(now=None) -> list[int]:
 @records_refusals("reject")
 def reject(user, job: Job | int, *, reason: str = "", request_id: str | None = None) -> Job:
     """A reviewer refuses a proposed job; it ends `rejected` and never reaches the engine."""
-    require_role(user, REVIEWER, "rejecting a job")
+    _require_role(user, REVIEWER, "rejecting a job")
     reason = str(reason or "").strip()[:2000]
     error = f"rejected by {user.get_username()}" + (f": {reason}" if reason else "")
-    return transition(job_id_of(job), JobStatus.PROPOSED, JobStatus.REJECTED, actor=user, request_id=request_id,
+    return _transition(job_id_of(job), JobStatus.PROPOSED, JobStatus.REJECTED, actor=user, request_id=request_id,
                       payload={"reason": reason}, error=error, finished_at=timezone.now())
+
+
+# --- execute -------------------------------------------------------------------------------------
+
+def hand_off(job_id: int, request_id: str | None = None) -> None:
+    """Send a queued job to the worker. Runs on commit, so the worker never reads an uncommitted row; if the
+    broker is down the job stays queued and the reconciler sends it again."""
+    try:
+        celery_app.send_task(RUN_JOB, args=(job_id,), kwargs={"request_id": request_id})
+    except Exception:
+        log.exception("could not hand job %s to the worker; the reconciler will send it again", job_id)
+
+
+def start(job: Job | int, *, worker: str = "", task_id: str = "") -> Job:
+    """Claim a queued job for this worker (queued -> running); Conflict if another delivery got it first."""
+    now = timezone.now()
+    return _transition(job_id_of(job), JobStatus.QUEUED, JobStatus.RUNNING, actor=None,
+                      payload={"worker": worker, "task_id": task_id}, started_at=now, worker=worker[:255],
+                      task_id=task_id[:255], phase="", progress=0.0, error="")
+
+
+def note_engine_boot(job: Job | int, boot_id: str) -> bool:
+    """The boot id of the engine the worker is about to give the plan to, kept so that the job's end can tell the
+    engine restarted under it (console.jobs.worker). Only before the plan is sent; no audit event."""
+    return bool(Job.objects.filter(pk=job_id_of(job), status=JobStatus.RUNNING, engine_operation_id="").update(
+        engine_boot_id=str(boot_id or "")[:64]))
+
+
+def record_operation(job: Job | int, operation_id: str, *, approvers: list[str] | None = None,
+                     reconciled: bool = False) -> Job:
+    """The engine accepted the plan as `operation_id`; recorded at once so the reconciler can find it.
+
+    `approvers`: the reviewers the worker's attestation named to the engine. `reconciled`: the reconciler found the
+    operation on the engine by plan hash after the worker died without recording it (the approvers then unknown).
+    """
+    job_id = job_id_of(job)
+    with transaction.atomic():
+        changed = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING, engine_operation_id="").update(
+            engine_operation_id=operation_id[:128], updated=timezone.now())
+        if changed != 1:
+            raise _lost(job_id, JobStatus.RUNNING, f"record operation {operation_id}")
+        job = Job.objects.get(pk=job_id)
+        record(actor=None, action="job.applied", subject=subject_of(job),
+               payload={"operation_id": operation_id, "plan_hash": job.plan_hash, "approvers": approvers,
+                        "reconciled": reconciled})
+        publish_on_commit(job)
+    return job
+
+
+def report_progress(job: Job | int, *, phase: str, progress: float) -> bool:
+    """Store the operation's phase and progress on a running job (also the worker's heartbeat); no audit event."""
+    job_id = job_id_of(job)
+    with transaction.atomic():
+        changed = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).update(
+            phase=str(phase or "")[:32], progress=float(progress or 0.0), updated=timezone.now())
+        if changed:
+            transaction.on_commit(partial(_publish_job_id, job_id), robust=True)
+    return bool(changed)
+
+
+# --- settle --------------------------------------------------------------------------------------
+
+def finish(job: Job | int, status: str, *, error: str = "", operation: dict | None = None,
+           reconciled: bool = False) -> Job:
+    """End a running job: succeeded | failed | rolled_back | stale, with the engine's operation record if any."""
+    if status not in WORKER_ENDINGS:
+        raise ValueError(f"a worker ends a job succeeded, failed, rolled_back or stale, not {status!r}")
+    job_id = job_id_of(job)
+    measured = operation.get("measured") if operation else None
+    fields = {"error": (error or "")[:10000], "finished_at": timezone.now(), "operation": operation,
+              "measured": measured}
+    if operation:
+        fields["phase"] = str(operation.get("phase") or "")[:32]
+        fields["progress"] = float(operation.get("progress") or 0.0)
+    payload = {"error": fields["error"], "reconciled": reconciled, "operation_id": None,
+               "measured_pool_tokens": _pool_of(measured)}
+    if operation:
+        payload.update(operation_id=operation.get("id"), engine_status=operation.get("status"),
+                       engine_predicted_pool_tokens=_pool_of(operation.get("predicted")),
+                       previous_pool_tokens=_pool_of(operation.get("previous")))
+    return _transition(job_id, JobStatus.RUNNING, status, actor=None, payload=payload, **fields)
+
+
+# --- the plumbing every change shares: compare-and-set with its audit event and live update, lookups --
+
+def _transition(job_id: int, expected: str, to: str, *, actor, request_id: str | None = None,
+               payload: dict | None = None, request_id_field: str | None = None, **fields) -> Job:
+    """Compare-and-set `expected` -> `to`, record the audit event; on commit publish it to the live pages and send
+    its webhooks. Conflict if it lost."""
+    if not can_move(expected, to):
+        raise Conflict(f"a job cannot move from {expected} to {to}")
+    if request_id_field is not None:
+        fields["request_id"] = request_id_field
+    with transaction.atomic():
+        moved = Job.objects.filter(pk=job_id, status=expected).update(status=to, updated=timezone.now(), **fields)
+        if moved != 1:
+            raise _lost(job_id, expected, f"move it to {to}")
+        job = Job.objects.get(pk=job_id)
+        record(actor=actor, action=f"job.{to}", subject=subject_of(job), request_id=request_id,
+               payload={"plan_hash": job.plan_hash, **(payload or {})},
+               before={"status": expected}, after={"status": to})
+        publish_on_commit(job)
+        transaction.on_commit(partial(webhooks.announce, job, expected), robust=True)
+    return job
+
+
+def _lost(job_id: int, expected: str, doing: str) -> JobError:
+    current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+    if current is None:
+        return JobNotFound(f"no job {job_id}")
+    finished = " and has finished" if current in TERMINAL else ""
+    return Conflict(f"job {job_id} is {current}{finished}, not {expected}: cannot {doing}")
+
+
+def publish_on_commit(job: Job) -> None:
+    transaction.on_commit(partial(_publish_job_id, job.pk), robust=True)
+
+
+def _publish_job_id(job_id: int) -> None:
+    job = Job.objects.filter(pk=job_id).first()  # the committed state, not the one this code last saw
+    if job is not None:
+        publish_job_update(job)
+
+
+def _require_role(user, role: str, doing: str) -> None:
+    if not has_role(user, role):
+        name = user.get_username() if getattr(user, "is_authenticated", False) else "an anonymous user"
+        raise NotAllowed(f"{doing} needs the {role} role, which {name} does not have")
+
+
+def job_id_of(job: Job | int) -> int:
+    if isinstance(job, Job):
+        return job.pk
+    if isinstance(job, bool) or not isinstance(job, int | str):
+        raise JobNotFound(f"no job {job!r:.40}")
+    try:
+        return int(job)
+    except ValueError:
+        raise JobNotFound(f"no job {job!r:.40}") from None
+
+
+def get_job(job: Job | int) -> Job:
+    found = Job.objects.filter(pk=job_id_of(job)).first()
+    if found is None:
+        raise JobNotFound(f"no job {job!r:.40}")
+    return found
+
+
+def subject_of(job: Job) -> str:
+    return f"job:{job.pk}"
+
+
+def _pool_of(figures: object) -> int | None:
+    return figures.get("pool_tokens") if isinstance(figures, dict) else None
+
+
+def _carried_request_id(request_id: str | None) -> str:
+    """The id the worker's events will carry: the request that queued the job, else a fresh one."""
+    for candidate in (request_id, current_request_id()):
+        if is_sane_request_id(candidate):
+            return candidate
+    return str(uuid.uuid4())
