@@ -196,7 +196,7 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         """Approve the plan you saw (reviewer, not the proposer); the last approval needed queues the job."""
         body = self._body("approve", ApproveSerializer)
         job = lifecycle.approve(request.user, self.get_object(), plan_hash=body["plan_hash"],
-                               request_id=request.request_id)
+                                request_id=request.request_id)
         return self._answer(job)
 
     @extend_schema(request=RejectSerializer, responses=JobSerializer)
@@ -204,7 +204,7 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     def reject(self, request, pk=None):
         body = self._body("reject", RejectSerializer)
         job = lifecycle.reject(request.user, self.get_object(), reason=body.get("reason", ""),
-                              request_id=request.request_id)
+                               request_id=request.request_id)
         return self._answer(job)
 
     @extend_schema(request=None, responses=JobSerializer)

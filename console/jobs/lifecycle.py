@@ -62,7 +62,7 @@ from console.jobs.refusals import body_digest, records_refusals, refuse_proposal
 from console.jobs.roles import OPERATOR, REVIEWER, has_role
 
 __all__ = ["APPROVAL_EVENT", "RUN_JOB", "WORKER_ENDINGS", "approval_binding", "approvals_counting", "approve",
-           "cancel", "finish", "get_job", "hand_off", "job_id_of", "note_engine_boot", "propose", "propose_revert",
+           "cancel", "finish", "hand_off", "job_id_of", "note_engine_boot", "propose", "propose_revert",
            "publish_on_commit", "queue_due", "record_operation", "reject", "report_progress", "required_approvals",
            "revise", "start", "subject_of"]
 
@@ -127,7 +127,7 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
     given for another plan (rule 2). A plan that hashes the same changes nothing.
     """
     _require_role(user, OPERATOR, "revising a job")
-    job = get_job(job)
+    job = _get_job(job)
     if job.proposer_id != user.pk:
         raise NotAllowed(f"only the proposer ({job.proposer_name}) may revise job {job.pk}")
     if job.status != JobStatus.PROPOSED:
@@ -159,7 +159,7 @@ def revise(user, job: Job | int, body: object | None = None, *, request_id: str 
 def cancel(user, job: Job | int, *, request_id: str | None = None) -> Job:
     """The proposer withdraws a job the worker has not picked up (proposed, approved or queued)."""
     _require_role(user, OPERATOR, "cancelling a job")
-    job = get_job(job)
+    job = _get_job(job)
     if job.proposer_id != user.pk:
         raise NotAllowed(f"only the proposer ({job.proposer_name}) may cancel job {job.pk}")
     if job.status not in CANCELLABLE:
@@ -174,7 +174,7 @@ def propose_revert(user, job: Job | int, *, request_id: str | None = None, clien
     reverts. Refused unless the job missed its prediction, and when the engine no longer runs the layout the job
     left (then there is nothing of the job's to undo: the plan would be priced against another layout)."""
     _require_role(user, OPERATOR, "proposing a revert")
-    job = get_job(job)
+    job = _get_job(job)
     kind, target, left = _revert_request(job)
     try:
         plan, plan_hash, incumbent = planning.plan(kind, target, left, client)
@@ -271,11 +271,11 @@ def approve(user, job: Job | int, *, plan_hash: str | None = None, request_id: s
         # The request id is kept from here, so a job beat queues later still carries the request that approved it.
         carried = _carried_request_id(request_id)
         job = _transition(job.pk, JobStatus.PROPOSED, JobStatus.APPROVED, actor=user, request_id=request_id,
-                         payload=gate, request_id_field=carried)
+                          payload=gate, request_id_field=carried)
         if waits:
             return job
         job = _transition(job.pk, JobStatus.APPROVED, JobStatus.QUEUED, actor=user, request_id=request_id,
-                         payload={"plan_hash": job.plan_hash}, queued_at=now)
+                          payload={"plan_hash": job.plan_hash}, queued_at=now)
         transaction.on_commit(partial(hand_off, job.pk, carried), robust=True)
     return job
 
@@ -293,8 +293,8 @@ def queue_due(now=None) -> list[int]:
         try:
             with transaction.atomic():
                 _transition(job_id, JobStatus.APPROVED, JobStatus.QUEUED, actor=None, request_id=carried,
-                           payload={"scheduled_for": not_before.isoformat()}, queued_at=timezone.now(),
-                           request_id_field=carried)
+                            payload={"scheduled_for": not_before.isoformat()}, queued_at=timezone.now(),
+                            request_id_field=carried)
                 transaction.on_commit(partial(hand_off, job_id, carried), robust=True)
         except JobError as lost_race:
             log.info("scheduled job %s not queued: %s", job_id, lost_race)
@@ -310,7 +310,7 @@ def reject(user, job: Job | int, *, reason: str = "", request_id: str | None = N
     reason = str(reason or "").strip()[:2000]
     error = f"rejected by {user.get_username()}" + (f": {reason}" if reason else "")
     return _transition(job_id_of(job), JobStatus.PROPOSED, JobStatus.REJECTED, actor=user, request_id=request_id,
-                      payload={"reason": reason}, error=error, finished_at=timezone.now())
+                       payload={"reason": reason}, error=error, finished_at=timezone.now())
 
 
 # --- execute -------------------------------------------------------------------------------------
@@ -328,8 +328,8 @@ def start(job: Job | int, *, worker: str = "", task_id: str = "") -> Job:
     """Claim a queued job for this worker (queued -> running); Conflict if another delivery got it first."""
     now = timezone.now()
     return _transition(job_id_of(job), JobStatus.QUEUED, JobStatus.RUNNING, actor=None,
-                      payload={"worker": worker, "task_id": task_id}, started_at=now, worker=worker[:255],
-                      task_id=task_id[:255], phase="", progress=0.0, error="")
+                       payload={"worker": worker, "task_id": task_id}, started_at=now, worker=worker[:255],
+                       task_id=task_id[:255], phase="", progress=0.0, error="")
 
 
 def note_engine_boot(job: Job | int, boot_id: str) -> bool:
@@ -397,7 +397,7 @@ def finish(job: Job | int, status: str, *, error: str = "", operation: dict | No
 # --- the plumbing every change shares: compare-and-set with its audit event and live update, lookups --
 
 def _transition(job_id: int, expected: str, to: str, *, actor, request_id: str | None = None,
-               payload: dict | None = None, request_id_field: str | None = None, **fields) -> Job:
+                payload: dict | None = None, request_id_field: str | None = None, **fields) -> Job:
     """Compare-and-set `expected` -> `to`, record the audit event; on commit publish it to the live pages and send
     its webhooks. Conflict if it lost."""
     if not can_move(expected, to):
@@ -452,7 +452,7 @@ def job_id_of(job: Job | int) -> int:
         raise JobNotFound(f"no job {job!r:.40}") from None
 
 
-def get_job(job: Job | int) -> Job:
+def _get_job(job: Job | int) -> Job:
     found = Job.objects.filter(pk=job_id_of(job)).first()
     if found is None:
         raise JobNotFound(f"no job {job!r:.40}")

@@ -90,7 +90,7 @@ def moved_off_start(own_engine, operator, reviewer, handoffs):
 
 def _cut_change(engine, operator, reviewer) -> Job:
     return lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
-                                                                  "target": {"cut": other_cut(engine.live)}}))
+                                                                    "target": {"cut": other_cut(engine.live)}}))
 
 
 def _kill_mid_apply(engine, operation_id: str) -> None:

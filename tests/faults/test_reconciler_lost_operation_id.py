@@ -24,7 +24,7 @@ def orphaned(live_engine, operator, reviewer, handoffs):
     operation id; the job is running with no id and a heartbeat ten minutes old."""
     def make() -> tuple[Job, str]:
         job = lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
-                                                                     "target": {"cut": other_cut(live_engine)}}))
+                                                                       "target": {"cut": other_cut(live_engine)}}))
         lifecycle.start(job.pk, worker="dead")
         operation_id = apply_as_the_worker(job)
         Job.objects.filter(pk=job.pk).update(updated=timezone.now() - timedelta(minutes=10))

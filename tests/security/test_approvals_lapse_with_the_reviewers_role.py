@@ -48,7 +48,7 @@ def test_a_scheduled_job_whose_reviewer_lost_the_right_is_refused_when_it_runs(l
     before = live_engine.state()["fingerprint"]
     when = timezone.now() + timedelta(hours=1)
     job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
-                                      "not_before": when.isoformat()})
+                                       "not_before": when.isoformat()})
     job = lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
     assert job.status == "approved" and lifecycle.approvals_counting(job) == 1  # waiting for its time
     approval = Approval.objects.get(job=job)
@@ -78,7 +78,7 @@ def test_a_reviewer_still_in_the_role_at_run_time_still_counts(live_engine, oper
     """The control: the same scheduled job, its reviewer unchanged, runs when it comes due."""
     when = timezone.now() + timedelta(hours=1)
     job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
-                                      "not_before": when.isoformat()})
+                                       "not_before": when.isoformat()})
     lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
     assert lifecycle.queue_due(now=when + timedelta(seconds=1)) == [job.pk]
     assert worker.execute(job.pk) == "succeeded"

@@ -77,7 +77,7 @@ def run_job(live_engine, operator, reviewer, handoffs):
 
 def approved_job(live_engine, operator, reviewer):
     return lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
-                                                                  "target": {"cut": other_cut(live_engine)}}))
+                                                                    "target": {"cut": other_cut(live_engine)}}))
 
 
 def witnessed() -> dict:

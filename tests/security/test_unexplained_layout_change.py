@@ -28,7 +28,7 @@ def run_job(live_engine, operator, reviewer, handoffs):
     """run_job() -> a cut change proposed, approved and run by the worker code, ended succeeded."""
     def run():
         job = lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
-                                                                     "target": {"cut": other_cut(live_engine)}}))
+                                                                       "target": {"cut": other_cut(live_engine)}}))
         assert worker.execute(job.pk) == "succeeded"
         return job
     return run
@@ -94,7 +94,7 @@ def test_a_job_whose_worker_could_not_note_the_layout_still_explains_it_but_noth
 def test_while_a_job_runs_nothing_is_decided(live_engine, operator, reviewer, handoffs):
     layout_watch.watch()
     job = lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
-                                                                 "target": {"cut": other_cut(live_engine)}}))
+                                                                   "target": {"cut": other_cut(live_engine)}}))
     lifecycle.start(job.pk, worker="w1")
     move_engine(live_engine)
     assert layout_watch.watch() == f"job {job.pk} is running: its end explains the change"

@@ -22,7 +22,7 @@ JOBS = "/api/v1/jobs/"
 
 def propose_at(engine, operator, not_before, cut=None) -> Job:
     return lifecycle.propose(operator, {"kind": "cut", "target": {"cut": cut or other_cut(engine)},
-                                       "not_before": not_before.isoformat()})
+                                        "not_before": not_before.isoformat()})
 
 
 def api_post(user, body):

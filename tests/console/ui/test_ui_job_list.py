@@ -39,7 +39,7 @@ def test_an_empty_list_says_so(browse, viewer):
 def test_a_scheduled_job_shows_when_it_may_run(browse, viewer, operator, live_engine, propose_cut):
     when = (timezone.now() + timedelta(hours=5)).replace(microsecond=0)
     scheduled = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
-                                            "not_before": when.isoformat()})
+                                             "not_before": when.isoformat()})
     plain = propose_cut()
     client = browse(viewer)
     page = client.get("/jobs/").content.decode()
