@@ -1,4 +1,4 @@
-"""API views. Every state change goes through console.jobs.services; nothing here writes a job itself."""
+"""API views. Every state change goes through console.jobs.lifecycle; nothing here writes a job itself."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ from console.audit.anchor import AnchorState
 from console.audit.models import AuditEvent
 from console.audit.services import export_jsonl, verify_chain
 from console.audit.verification import WitnessState
-from console.jobs import services
-from console.jobs.audit_witness import engine_witness
+from console.audit.witness import engine_witness
+from console.jobs import lifecycle
 from console.jobs.choices import JobStatus
 from console.jobs.errors import JobNotFound
 from console.jobs.models import Job
@@ -183,11 +183,11 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         """Propose a job (operator): the engine prices the plan; the answer carries plan_hash and prediction."""
         try:
             body = request.data
-        except APIException as refusal:  # not JSON, too large, too deep: refused before the services see it
+        except APIException as refusal:  # not JSON, too large, too deep: refused before the lifecycle sees it
             digest = getattr(refusal, "body_sha256", None) or body_digest(None)
             refuse_proposal(request.user, digest, refusal, request_id=request.request_id)
             raise
-        job = services.propose(request.user, body, request_id=request.request_id)
+        job = lifecycle.propose(request.user, body, request_id=request.request_id)
         return self._answer(job, status.HTTP_201_CREATED)
 
     @extend_schema(request=ApproveSerializer, responses=JobSerializer)
@@ -195,22 +195,22 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     def approve(self, request, pk=None):
         """Approve the plan you saw (reviewer, not the proposer); the last approval needed queues the job."""
         body = self._body("approve", ApproveSerializer)
-        job = services.approve(request.user, self.get_object(), plan_hash=body["plan_hash"],
-                               request_id=request.request_id)
+        job = lifecycle.approve(request.user, self.get_object(), plan_hash=body["plan_hash"],
+                                request_id=request.request_id)
         return self._answer(job)
 
     @extend_schema(request=RejectSerializer, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
         body = self._body("reject", RejectSerializer)
-        job = services.reject(request.user, self.get_object(), reason=body.get("reason", ""),
-                              request_id=request.request_id)
+        job = lifecycle.reject(request.user, self.get_object(), reason=body.get("reason", ""),
+                               request_id=request.request_id)
         return self._answer(job)
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        return self._answer(services.cancel(request.user, self.get_object(), request_id=request.request_id))
+        return self._answer(lifecycle.cancel(request.user, self.get_object(), request_id=request.request_id))
 
     @extend_schema(request=None, responses={201: JobSerializer, 409: ErrorSerializer, 422: ErrorSerializer,
                                             503: ErrorSerializer})
@@ -219,7 +219,7 @@ class JobViewSet(ApiErrors, mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         """Propose a revert (operator) of a succeeded job that missed its predicted speedup: a new proposed job back
         to the layout it replaced (`reverts` names this job), reviewed like any other. 409 if the job did not miss
         its prediction, or the engine no longer runs the layout it left."""
-        job = services.propose_revert(request.user, self.get_object(), request_id=request.request_id)
+        job = lifecycle.propose_revert(request.user, self.get_object(), request_id=request.request_id)
         return self._answer(job, status.HTTP_201_CREATED)
 
 

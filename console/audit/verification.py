@@ -86,7 +86,7 @@ class VerifyResult:
 
 def verify_chain(witness: Witness | None = None) -> VerifyResult:
     """Recompute every hash from the genesis, check every anchored (seq, hash) and the head `witness` names (the
-    engine's, console.jobs.audit_witness), and name the first broken link."""
+    engine's, console.audit.witness), and name the first broken link."""
     # The anchors first: each is written after its event commits, so every one read now names an event
     # the walk below must find (events appended meanwhile only make the chain longer).
     anchors = read_anchors()

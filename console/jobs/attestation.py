@@ -16,10 +16,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.audit.services import audit_head, record
+from console.jobs.lifecycle import required_approvals, subject_of
 from console.jobs.models import Approval, Job
 from console.jobs.roles import REVIEWER
-from console.jobs.services import required_approvals
-from console.jobs.transitions import subject_of
 from console.jobs.vouching import unvouched
 from contracts.attestation import APPROVAL_KEY_ENV, sign_attestation
 

@@ -3,7 +3,7 @@
     proposed → approved → queued → running → succeeded | failed | rolled_back
     side exits: rejected (a reviewer says no), stale (the engine moved on), cancelled (the proposer withdrew)
 
-Everything else in the console (services, worker, pages, API) reads these; nobody keeps its own list.
+Everything else in the console (lifecycle, worker, pages, API) reads these; nobody keeps its own list.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the job services refuse, each with the HTTP status the API should answer and a message that says why.
+"""What the job lifecycle refuses, each with the HTTP status the API should answer and a message that says why.
 
 Pages and the API map these generically (`error.status_code`, `str(error)`); NotAllowed is also a Django
 PermissionDenied, so DRF answers it 403 on its own.

@@ -1,6 +1,6 @@
 """The one hook that tells browsers a job changed: `publish_job_update(job)` -> channel group `job-<id>`.
 
-Called by the services on commit of every change (transitions and progress), never before, so a browser
+Called by the lifecycle on commit of every change (transitions and progress), never before, so a browser
 never sees a state that rolled back. The message is
 
     {"type": "job.update", "job": {id, status, phase, progress, error, plan_hash, engine_operation_id,

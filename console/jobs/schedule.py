@@ -6,7 +6,7 @@ change").
     waits(job, now)                 whether an approved job must wait for its time rather than queue now
     approval_expiry(job, now, ttl)  when an approval given now stops counting
 
-The last approval a scheduled job needs leaves it `approved`; beat's `queue_scheduled_jobs` (services.queue_due)
+The last approval a scheduled job needs leaves it `approved`; beat's `queue_scheduled_jobs` (lifecycle.queue_due)
 queues it once `not_before` has come. The worker then checks the engine's fingerprint as for any job, so a layout
 that moved while the job waited ends it `stale`.
 

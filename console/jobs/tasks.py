@@ -1,19 +1,20 @@
 """Celery tasks: run one job, settle what dead workers left behind, watch the engine's layout, queue scheduled jobs
 that are due, deliver webhooks. The logic is in console.jobs.worker, console.jobs.layout_watch,
-console.jobs.services and console.jobs.webhooks (which declares its own task, named here so the worker loads it)."""
+console.jobs.lifecycle and console.jobs.webhooks (which declares its own task, named here so the worker loads it).
+Nothing below imports this module: the lifecycle hands a job over by the task's name (lifecycle.RUN_JOB)."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
 from console.audit.request_id import bind_request_id, is_sane_request_id
-from console.jobs import layout_watch, services, worker
+from console.jobs import layout_watch, lifecycle, worker
 from console.jobs.webhooks import deliver as deliver_webhook
 
 __all__ = ["deliver_webhook", "queue_scheduled_jobs", "reconcile_jobs", "run_job", "watch_engine_layout"]
 
 
-@shared_task(name="console.jobs.tasks.run_job", bind=True, ignore_result=True, acks_late=True)
+@shared_task(name=lifecycle.RUN_JOB, bind=True, ignore_result=True, acks_late=True)
 def run_job(self, job_id: int, request_id: str | None = None) -> str:
     """Idempotent, keyed by job id: a second delivery of a running or finished job does nothing."""
     # Audit events the worker records carry the id of the request that queued the job.
@@ -35,4 +36,4 @@ def watch_engine_layout() -> str:
 @shared_task(name="console.jobs.tasks.queue_scheduled_jobs", ignore_result=True)
 def queue_scheduled_jobs() -> list[int]:
     """Queue the approved jobs whose not_before has come (beat, every SEAM_SCHEDULE_POLL_S)."""
-    return services.queue_due()
+    return lifecycle.queue_due()

@@ -9,7 +9,7 @@ to measure the speedup from). Only a succeeded job gets one, and its status stay
 
 A judged verdict is final and audited (`job.prediction_met` / `job.prediction_missed`, with the predicted and
 measured speedups, the floor and the error); a miss also sends the `job.missed_prediction` webhook, on commit, and
-the job page then offers a revert (services.propose_revert). Every write is compare-and-set on the verdict, so a
+the job page then offers a revert (lifecycle.propose_revert). Every write is compare-and-set on the verdict, so a
 measurement recorded twice judges once.
 """
 
@@ -23,8 +23,8 @@ from django.utils import timezone
 from console.audit.services import record
 from console.jobs import webhooks
 from console.jobs.choices import UNJUDGED, JobStatus, SpeedVerdict
+from console.jobs.lifecycle import job_id_of, publish_on_commit, subject_of
 from console.jobs.models import Job
-from console.jobs.transitions import job_id_of, publish_on_commit, subject_of
 from solvers.verdict import SpeedCheck, check_speed
 
 __all__ = ["judge_speed", "speed_check"]

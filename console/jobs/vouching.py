@@ -1,11 +1,11 @@
 """Whether an approval row is one the console made: each is vouched for by its keyed audit event (issue 30, item 4).
 
-services.approve writes the Approval row and, in the same transaction, a `job.approval` audit event whose hash is
-HMAC(SEAM_AUDIT_KEY, prev_hash + content) (console.audit.chain). The event binds the approval: its subject is the job,
-its actor the reviewer (link and frozen name), its payload the approval's id, plan_hash and expiry
-(`approval_binding`). Someone who writes the database without the audit key can insert an Approval row, or edit one,
-but cannot make an event that binds it and whose hash recomputes under the key. So before the worker attests a job it
-holds every approval that would count against its event (`unvouched`), and sets aside any that has none.
+console.jobs.lifecycle.approve writes the Approval row and, in the same transaction, a `job.approval` audit event
+whose hash is HMAC(SEAM_AUDIT_KEY, prev_hash + content) (console.audit.chain). The event binds the approval: its
+subject is the job, its actor the reviewer (link and frozen name), its payload the approval's id, plan_hash and expiry
+(`lifecycle.approval_binding`). Someone who writes the database without the audit key can insert an Approval row, or
+edit one, but cannot make an event that binds it and whose hash recomputes under the key. So before the worker attests
+a job it holds every approval that would count against its event (`unvouched`), and sets aside any that has none.
 
 Why the audit event rather than a MAC stored on the row: the approval key is held only by the worker and the engine,
 so the web process, which makes approvals, could sign only with the audit key anyway, and it already does so for
@@ -21,18 +21,11 @@ from datetime import datetime
 
 from console.audit.chain import compute_hash, event_content
 from console.audit.models import AuditEvent, ChainScheme
+from console.jobs.lifecycle import APPROVAL_EVENT, subject_of
 from console.jobs.models import Approval
-from console.jobs.transitions import subject_of
 from contracts.errors import ContractError
 
-__all__ = ["APPROVAL_EVENT", "approval_binding", "unvouched"]
-
-APPROVAL_EVENT = "job.approval"
-
-
-def approval_binding(approval: Approval) -> dict:
-    """What the approval's audit event records of it, beside its subject (the job) and actor (the reviewer)."""
-    return {"approval": approval.pk, "plan_hash": approval.plan_hash, "expires_at": approval.expires_at.isoformat()}
+__all__ = ["unvouched"]
 
 
 def unvouched(approval: Approval) -> str | None:

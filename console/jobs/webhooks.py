@@ -1,6 +1,6 @@
 """Signed webhooks on job status changes (docs/console.md, "Webhooks").
 
-Once a job's status change has committed (transitions.transition, and a proposal's creation), `announce` hands one
+Once a job's status change has committed (every lifecycle transition, and a proposal's creation), `announce` hands one
 Celery task per URL of SEAM_WEBHOOK_URLS to the broker; the task POSTs
 
     {"event": "job.status", "delivery": <uuid>, "ts": <ISO 8601>,

@@ -39,13 +39,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.calibration import recording
 from console.engine import EngineClient, EngineError, EngineRefused, EngineUnreachable
-from console.jobs import layout_watch, services
+from console.jobs import layout_watch, lifecycle
 from console.jobs.attestation import CannotAttest, attest
 from console.jobs.choices import JobStatus
 from console.jobs.errors import JobError
 from console.jobs.models import Approval, Job
+from console.jobs.signals import job_ended_on_engine
 from contracts.control import EngineState, Operation
 from contracts.errors import ContractError
 from contracts.plan import verify_plan
@@ -78,7 +78,7 @@ def _client(client: EngineClient | None) -> Iterator[EngineClient]:
 def execute(job_id: int, *, worker: str = "", task_id: str = "", client: EngineClient | None = None) -> str:
     """Run job `job_id` if it is queued; returns the status it is left in."""
     try:
-        job = services.start(job_id, worker=worker, task_id=task_id)
+        job = lifecycle.start(job_id, worker=worker, task_id=task_id)
     except JobError as error:  # already claimed, finished, cancelled or gone: this delivery has nothing to do
         log.info("job %s not started: %s", job_id, error)
         return Job.objects.filter(pk=job_id).values_list("status", flat=True).first() or "missing"
@@ -108,12 +108,12 @@ def _run(job: Job, engine: EngineClient) -> str:
         attestation = attest(job)
     except CannotAttest as error:
         return _end(job, JobStatus.FAILED, str(error))
-    services.note_engine_boot(job, state.boot_id or "")
+    lifecycle.note_engine_boot(job, state.boot_id or "")
     job.refresh_from_db()
     operation_id, ending = _apply(job, engine, attestation)
     if ending is not None:
         return ending
-    services.record_operation(job, operation_id, approvers=attestation["approvers"])
+    lifecycle.record_operation(job, operation_id, approvers=attestation["approvers"])
     return _follow(job, engine, operation_id)
 
 
@@ -162,7 +162,7 @@ def _apply(job: Job, engine: EngineClient, attestation: dict) -> tuple[str, str 
                                                        "nothing was applied")
             if time.monotonic() >= deadline:
                 return "", _end(job, JobStatus.FAILED, f"the engine stayed busy: {error.message}")
-            services.report_progress(job, phase="waiting", progress=0.0)
+            lifecycle.report_progress(job, phase="waiting", progress=0.0)
             time.sleep(0.5)
         except EngineError as error:
             return _sent_unanswered(job, engine, error)
@@ -182,7 +182,7 @@ def _sent_unanswered(job: Job, engine: EngineClient, error: EngineError) -> tupl
         return found[-1].id, None
     log.warning("job %s: %s; no operation of plan %s found yet: left running for the reconciler", job.pk, reason,
                 job.plan_hash[:16])
-    services.report_progress(job, phase="unconfirmed", progress=0.0)
+    lifecycle.report_progress(job, phase="unconfirmed", progress=0.0)
     return "", JobStatus.RUNNING
 
 
@@ -215,7 +215,7 @@ def _follow(job: Job, engine: EngineClient, operation_id: str) -> str:
             return _ended_on_engine(job, engine, operation)
         now = time.monotonic()
         if (operation.phase, operation.progress) != shown or now - beat >= HEARTBEAT_S:
-            services.report_progress(job, phase=operation.phase, progress=operation.progress)
+            lifecycle.report_progress(job, phase=operation.phase, progress=operation.progress)
             shown, beat = (operation.phase, operation.progress), now
         if now >= give_up_at:
             log.warning("job %s: operation %s still %s; left running for the reconciler", job.pk, operation_id,
@@ -235,7 +235,8 @@ def _ended_on_engine(job: Job, engine: EngineClient, operation: Operation, recon
         log.warning("job %s: the engine's state after it could not be read (%s)", job.pk, error)
         return ending
     layout_watch.note_job_end(job, state, engine.base_url)
-    recording.note_job_end(job, state, engine.base_url)  # never raises: the job has ended as the engine said
+    # The calibration records the job's measurement and prediction from it (console.calibration.signals).
+    job_ended_on_engine.send(sender=Job, job=job, state=state, engine_url=engine.base_url)
     return ending
 
 
@@ -271,7 +272,7 @@ def _restarted_under(job: Job, engine: EngineClient, state: EngineState, lost: s
               f"({job.incumbent_fingerprint}), so not this job's doing ({lost})")
     try:
         with transaction.atomic():
-            services.finish(job, JobStatus.FAILED, error=reason, reconciled=reconciled)
+            lifecycle.finish(job, JobStatus.FAILED, error=reason, reconciled=reconciled)
             layout_watch.note_restart_mid_apply(job, state, engine.base_url)
     except JobError as lost_race:  # the reconciler (or another worker) settled it first, and alerted if need be
         log.info("job %s: not ended failed: %s", job.pk, lost_race)
@@ -281,7 +282,7 @@ def _restarted_under(job: Job, engine: EngineClient, state: EngineState, lost: s
 
 def _end(job: Job, status: str, error: str, operation: Operation | None = None, reconciled: bool = False) -> str:
     try:
-        return services.finish(job, status, error=error, operation=operation, reconciled=reconciled).status
+        return lifecycle.finish(job, status, error=error, operation=operation, reconciled=reconciled).status
     except JobError as lost:  # the reconciler (or another worker) settled it first
         log.info("job %s: not ended %s: %s", job.pk, status, lost)
         return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first() or "missing"
@@ -310,7 +311,7 @@ def reconcile(*, older_than_s: float | None = None, client: EngineClient | None 
         # Only one reconciler sends it again: the one whose compare-and-set on `updated` wins.
         if Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED, updated=job.updated).update(
                 updated=timezone.now()):
-            services.hand_off(job.pk, job.request_id or None)
+            lifecycle.hand_off(job.pk, job.request_id or None)
             outcomes.append((job.pk, "sent to the worker again"))
     return outcomes
 
@@ -349,7 +350,7 @@ def _settle_without_operation_id(job: Job, engine: EngineClient) -> str:
                     reconciled=True)
     operation = found[-1]  # the engine starts one operation per job's attestation; the newest, should that change
     try:
-        services.record_operation(job, operation.id, reconciled=True)
+        lifecycle.record_operation(job, operation.id, reconciled=True)
     except JobError as lost:  # another reconciler, or the worker after all, got there first
         return f"left alone: {lost}"
     return _settle_from(job, engine, operation)
@@ -358,5 +359,5 @@ def _settle_without_operation_id(job: Job, engine: EngineClient) -> str:
 def _settle_from(job: Job, engine: EngineClient, operation: Operation) -> str:
     if operation.status.done:
         return _ended_on_engine(job, engine, operation, reconciled=True)
-    services.report_progress(job, phase=operation.phase, progress=operation.progress)
+    lifecycle.report_progress(job, phase=operation.phase, progress=operation.progress)
     return f"still {operation.status} on the engine"

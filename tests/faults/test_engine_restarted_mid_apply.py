@@ -24,7 +24,7 @@ from live_service import LiveService
 from test_webhooks import Receiver
 
 from console.audit.models import AuditEvent
-from console.jobs import layout_watch, services, worker
+from console.jobs import layout_watch, lifecycle, worker
 from console.jobs.layout_watch import RESTARTED_MID_APPLY, UNEXPLAINED_CHANGE
 from console.jobs.models import Job
 
@@ -80,7 +80,7 @@ def moved_off_start(own_engine, operator, reviewer, handoffs):
     start = own_engine.live.state()
     assert layout_watch.watch() == f"first seen: layout {start['fingerprint']}"
     seqs = start["shape"]["max_num_seqs"]
-    job = services.approve(reviewer, services.propose(operator, {"kind": "shape", "target": {
+    job = lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "shape", "target": {
         "max_num_seqs": 6 if seqs != 6 else 7}}))
     assert worker.execute(job.pk) == "succeeded"
     moved = own_engine.live.state()
@@ -89,8 +89,8 @@ def moved_off_start(own_engine, operator, reviewer, handoffs):
 
 
 def _cut_change(engine, operator, reviewer) -> Job:
-    return services.approve(reviewer, services.propose(operator, {"kind": "cut",
-                                                                  "target": {"cut": other_cut(engine.live)}}))
+    return lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
+                                                                    "target": {"cut": other_cut(engine.live)}}))
 
 
 def _kill_mid_apply(engine, operation_id: str) -> None:
@@ -179,8 +179,8 @@ def test_a_dead_workers_job_whose_engine_restarted_is_settled_by_the_reconciler_
     start, moved = moved_off_start
     workers.start()
     job = _cut_change(own_engine, operator, reviewer)
-    services.start(job.pk, worker="dead")
-    services.note_engine_boot(job, own_engine.live.state()["boot_id"])  # as its worker did before applying
+    lifecycle.start(job.pk, worker="dead")
+    lifecycle.note_engine_boot(job, own_engine.live.state()["boot_id"])  # as its worker did before applying
     with rank_held(rank_pids(own_engine.live)[2]):
         operation_id = apply_as_the_worker(job)  # ...and died before recording the operation id
         _kill_mid_apply(own_engine, operation_id)

@@ -10,7 +10,7 @@ import pytest
 from fault_helpers import operations_total, wait_until
 from job_helpers import actions, other_cut, wait_for_end
 
-from console.jobs import services, worker
+from console.jobs import lifecycle, worker
 from console.jobs.tasks import run_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -21,11 +21,11 @@ def test_a_job_run_while_the_engine_is_down_fails_naming_it_and_is_not_retried(d
     engine = live_service.LiveService(demo_checkpoint)
     settings.ENGINE_URL = engine.url
     first_layout = engine.state()["fingerprint"]
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(engine)}})
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(engine)}})
     engine.stop()  # the engine goes away after the proposal
 
     pool = workers.start(SEAM_ENGINE_URL=engine.url)
-    services.approve(reviewer, job)
+    lifecycle.approve(reviewer, job)
     done = wait_for_end(job.pk)
     assert done.status == "failed" and done.engine_operation_id == ""
     assert f"engine unreachable at {engine.url}" in done.error and "nothing was applied" in done.error

@@ -9,7 +9,7 @@ from job_helpers import actions, at_once, other_cut, wait_for_end
 from rest_framework.test import APIClient
 
 from console.accounts.tokens import issue_token
-from console.jobs import services, worker
+from console.jobs import lifecycle, worker
 from console.jobs.models import Approval, Job
 from console.jobs.tasks import run_job
 
@@ -27,7 +27,7 @@ def _approve_call(user, job_id: int, plan_hash: str):
 
 
 def test_two_reviewers_approving_at_the_same_instant_make_one_transition(live_engine, operator, make_user, handoffs):
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
     calls = [_approve_call(make_user("reviewer"), job.pk, job.plan_hash) for _ in range(2)]
     answers = sorted(response.status_code for response in at_once(calls))
     assert answers == [200, 409], answers
@@ -39,7 +39,7 @@ def test_two_reviewers_approving_at_the_same_instant_make_one_transition(live_en
 
 
 def test_two_deliveries_run_at_once_in_one_process_apply_once(live_engine, operator, reviewer, handoffs):
-    job = services.approve(reviewer, services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(
+    job = lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(
         live_engine)}}))
     applies = operations_total(live_engine)
     ends = at_once([lambda n=n: worker.execute(job.pk, worker=f"w{n}") for n in range(2)])
@@ -52,9 +52,9 @@ def test_two_deliveries_run_at_once_in_one_process_apply_once(live_engine, opera
 @pytest.mark.slow
 def test_two_worker_processes_given_the_same_job_apply_it_once(live_engine, workers, operator, reviewer):
     pool = [workers.start(), workers.start()]
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
     applies = operations_total(live_engine)
-    services.approve(reviewer, job)  # the real hand-off, on commit ...
+    lifecycle.approve(reviewer, job)  # the real hand-off, on commit ...
     run_job.delay(job.pk)  # ... and a duplicate beside it, as a broker redelivering it would
     done = wait_for_end(job.pk)
     assert done.status == "succeeded", done.error

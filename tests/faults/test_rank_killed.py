@@ -12,7 +12,7 @@ from job_helpers import other_cut, wait_for_end
 from live_service import LiveService
 
 from console.audit.models import AuditEvent
-from console.jobs import services
+from console.jobs import lifecycle
 from console.jobs.models import Job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -35,10 +35,10 @@ def test_a_rank_killed_mid_operation_rolls_back_and_loses_no_request(own_engine,
     expected = [own_engine.complete(prompt, MAX_TOKENS) for prompt in prompts]  # the same engine, undisturbed
     before, pids = own_engine.state(), rank_pids(own_engine)
     workers.start(SEAM_ENGINE_URL=own_engine.url)
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(own_engine)}})
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(own_engine)}})
 
     with rank_held(pids[2]):
-        services.approve(reviewer, job)
+        lifecycle.approve(reviewer, job)
         operation_id = wait_until(lambda: Job.objects.get(pk=job.pk).engine_operation_id, what="the apply")
         wait_until(lambda: operation_phase(own_engine, operation_id) == "acting", what="the operation to act")
         in_flight = Requests(own_engine.url, prompts, MAX_TOKENS)  # arrive while the operation runs

@@ -12,7 +12,7 @@ from job_helpers import actions, apply_as_the_worker, other_cut
 from live_service import free_port
 
 from console.audit.models import AuditEvent
-from console.jobs import services, worker
+from console.jobs import lifecycle, worker
 from console.jobs.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,9 +23,9 @@ def orphaned(live_engine, operator, reviewer, handoffs):
     """orphaned() -> (job, operation id): the job's plan applied by its worker, which then died before recording the
     operation id; the job is running with no id and a heartbeat ten minutes old."""
     def make() -> tuple[Job, str]:
-        job = services.approve(reviewer, services.propose(operator, {"kind": "cut",
-                                                                     "target": {"cut": other_cut(live_engine)}}))
-        services.start(job.pk, worker="dead")
+        job = lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
+                                                                       "target": {"cut": other_cut(live_engine)}}))
+        lifecycle.start(job.pk, worker="dead")
         operation_id = apply_as_the_worker(job)
         Job.objects.filter(pk=job.pk).update(updated=timezone.now() - timedelta(minutes=10))
         return Job.objects.get(pk=job.pk), operation_id

@@ -10,7 +10,7 @@ from fault_helpers import operation_phase, operations_total, rank_held, rank_pid
 from job_helpers import actions, other_cut, wait_for_end
 
 from console.audit.models import AuditEvent
-from console.jobs import services
+from console.jobs import lifecycle
 from console.jobs.models import Job
 from console.jobs.tasks import reconcile_jobs
 
@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def test_a_worker_killed_mid_operation_is_settled_from_the_engines_record(live_engine, workers, operator, reviewer):
     first = workers.start()
     cut, applies = other_cut(live_engine), operations_total(live_engine)
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": cut}})
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": cut}})
     with rank_held(rank_pids(live_engine)[2]):  # the engine's operation cannot finish while rank 2 is held
-        services.approve(reviewer, job)  # queued, handed to the first worker on commit
+        lifecycle.approve(reviewer, job)  # queued, handed to the first worker on commit
         operation_id = wait_until(lambda: Job.objects.get(pk=job.pk).engine_operation_id, what="the apply")
         wait_until(lambda: operation_phase(live_engine, operation_id) == "acting", what="the operation to act")
         assert Job.objects.get(pk=job.pk).status == "running"

@@ -12,7 +12,7 @@ from django.utils import timezone
 from job_helpers import other_cut
 
 from console.audit.models import AuditEvent
-from console.jobs import services, worker
+from console.jobs import lifecycle, worker
 from console.jobs.attestation import APPROVAL_UNVERIFIED
 from console.jobs.models import Approval
 
@@ -47,19 +47,19 @@ def test_a_scheduled_job_whose_reviewer_lost_the_right_is_refused_when_it_runs(l
     approval of someone who may no longer give one."""
     before = live_engine.state()["fingerprint"]
     when = timezone.now() + timedelta(hours=1)
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
-                                      "not_before": when.isoformat()})
-    job = services.approve(reviewer, job, plan_hash=job.plan_hash)
-    assert job.status == "approved" and services.approvals_counting(job) == 1  # waiting for its time
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
+                                       "not_before": when.isoformat()})
+    job = lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
+    assert job.status == "approved" and lifecycle.approvals_counting(job) == 1  # waiting for its time
     approval = Approval.objects.get(job=job)
 
     reason = lose_the_right(reviewer)
-    assert services.approvals_counting(job) == 0  # the job page and the API count as the worker will
+    assert lifecycle.approvals_counting(job) == 0  # the job page and the API count as the worker will
     client.force_login(operator)
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert "(0 of 1 needed approvals count for this plan)" in page
 
-    assert services.queue_due(now=when + timedelta(seconds=1)) == [job.pk] and handoffs == [job.pk]
+    assert lifecycle.queue_due(now=when + timedelta(seconds=1)) == [job.pk] and handoffs == [job.pk]
     assert worker.execute(job.pk) == "failed"  # what the Celery task runs for the job handed off
 
     job.refresh_from_db()
@@ -77,9 +77,9 @@ def test_a_scheduled_job_whose_reviewer_lost_the_right_is_refused_when_it_runs(l
 def test_a_reviewer_still_in_the_role_at_run_time_still_counts(live_engine, operator, reviewer, handoffs):
     """The control: the same scheduled job, its reviewer unchanged, runs when it comes due."""
     when = timezone.now() + timedelta(hours=1)
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
-                                      "not_before": when.isoformat()})
-    services.approve(reviewer, job, plan_hash=job.plan_hash)
-    assert services.queue_due(now=when + timedelta(seconds=1)) == [job.pk]
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
+                                       "not_before": when.isoformat()})
+    lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
+    assert lifecycle.queue_due(now=when + timedelta(seconds=1)) == [job.pk]
     assert worker.execute(job.pk) == "succeeded"
     assert not AuditEvent.objects.filter(action=APPROVAL_UNVERIFIED).exists()

@@ -23,9 +23,9 @@ from console.audit.anchor import anchor_mac, anchor_path
 from console.audit.chain import compute_hash, event_content
 from console.audit.models import AuditEvent
 from console.audit.services import audit_head, record, verify_chain
+from console.audit.witness import engine_witness
 from console.engine import EngineClient, EngineRefused
-from console.jobs import services, webhooks, worker
-from console.jobs.audit_witness import engine_witness
+from console.jobs import lifecycle, webhooks, worker
 from console.jobs.models import Job
 from contracts.attestation import AuditHead, sign_attestation
 from contracts.canonical import canonical_json
@@ -77,8 +77,8 @@ def run_job(live_engine, operator, reviewer, handoffs):
 
 
 def approved_job(live_engine, operator, reviewer):
-    return services.approve(reviewer, services.propose(operator, {"kind": "cut",
-                                                                  "target": {"cut": other_cut(live_engine)}}))
+    return lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
+                                                                    "target": {"cut": other_cut(live_engine)}}))
 
 
 def witnessed() -> WitnessedHead:
@@ -273,7 +273,7 @@ def test_every_webhook_payload_carries_the_audit_head(operator, settings, monkey
     plan = {"kind": "cut", "target": {"cut": [8, 4, 4]}, "incumbent_fingerprint": "feedfacefeedface", "predicted": {}}
     job = Job.objects.create(kind="cut", target=plan["target"], plan=plan, plan_hash="ab" * 32, prediction={},
                              proposer=operator, proposer_name=operator.get_username())
-    services.cancel(operator, job)
+    lifecycle.cancel(operator, job)
     ((_url, body, signature, _delivery, _event),) = sent
     assert webhooks.signature_matches(body.encode(), signature, "webhook-test-key")
     newest = AuditEvent.objects.order_by("-seq").first()

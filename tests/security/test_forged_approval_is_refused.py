@@ -1,5 +1,5 @@
 """An approval the console did not make does not count: before the worker attests a job it holds every approval
-against the keyed `job.approval` audit event services.approve recorded with it (console.jobs.vouching), and one that
+against the keyed `job.approval` audit event lifecycle.approve recorded with it (console.jobs.vouching), and one that
 has none, or whose event records another approval, is set aside, audited as `job.approval_unverified`, and the job
 ends failed with nothing applied (issue 30, item 4)."""
 
@@ -14,7 +14,7 @@ from job_helpers import other_cut, wait_for_end
 from console.audit.chain import compute_hash, event_content
 from console.audit.models import AuditEvent, ChainScheme
 from console.audit.services import verify_chain
-from console.jobs import services, worker
+from console.jobs import lifecycle, worker
 from console.jobs.attestation import APPROVAL_UNVERIFIED
 from console.jobs.models import Approval, Job
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def propose(live_engine, operator):
     """propose(cut=None) -> a proposed cut change."""
     def make(cut=None):
-        return services.propose(operator, {"kind": "cut", "target": {"cut": cut or other_cut(live_engine)}})
+        return lifecycle.propose(operator, {"kind": "cut", "target": {"cut": cut or other_cut(live_engine)}})
     return make
 
 
@@ -72,8 +72,8 @@ def test_a_forged_approval_re_sent_by_the_reconciler_is_refused_by_the_worker(ce
 
 
 def test_a_real_approval_still_applies(live_engine, propose, reviewer, handoffs):
-    """The control for the tests here: an approval made by services.approve is vouched for by its event."""
-    job = services.approve(reviewer, propose())
+    """The control for the tests here: an approval made by lifecycle.approve is vouched for by its event."""
+    job = lifecycle.approve(reviewer, propose())
     assert worker.execute(job.pk) == "succeeded"
     job.refresh_from_db()
     assert live_engine.state()["cut"] == job.target["cut"]
@@ -113,10 +113,10 @@ def test_a_real_approval_edited_in_the_database_is_refused(live_engine, propose,
     and expiry): a real event cannot vouch for a row edited to count elsewhere, for longer, or for someone else."""
     before = live_engine.state()["fingerprint"]
     cut = other_cut(live_engine)
-    job = services.approve(reviewer, propose(cut))
+    job = lifecycle.approve(reviewer, propose(cut))
     approval = Approval.objects.get(job=job)
     if edit == "moved to another job of the same plan":
-        services.cancel(job.proposer, job)  # what was approved is withdrawn; a second job asks for the same change
+        lifecycle.cancel(job.proposer, job)  # what was approved is withdrawn; a second job asks for the same change
         job = propose(cut)
         assert job.plan_hash == approval.plan_hash
         Approval.objects.filter(pk=approval.pk).update(job=job)

@@ -11,7 +11,7 @@ from job_helpers import move_engine, other_cut
 from console.audit.models import AuditEvent
 from console.calibration import recording
 from console.calibration.models import JobPrediction
-from console.jobs import layout_watch, services, worker
+from console.jobs import layout_watch, lifecycle, worker
 from console.jobs.layout_watch import UNEXPLAINED_CHANGE
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,8 +27,8 @@ def _warning(client) -> str | None:
 def run_job(live_engine, operator, reviewer, handoffs):
     """run_job() -> a cut change proposed, approved and run by the worker code, ended succeeded."""
     def run():
-        job = services.approve(reviewer, services.propose(operator, {"kind": "cut",
-                                                                     "target": {"cut": other_cut(live_engine)}}))
+        job = lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
+                                                                       "target": {"cut": other_cut(live_engine)}}))
         assert worker.execute(job.pk) == "succeeded"
         return job
     return run
@@ -93,9 +93,9 @@ def test_a_job_whose_worker_could_not_note_the_layout_still_explains_it_but_noth
 
 def test_while_a_job_runs_nothing_is_decided(live_engine, operator, reviewer, handoffs):
     layout_watch.watch()
-    job = services.approve(reviewer, services.propose(operator, {"kind": "cut",
-                                                                 "target": {"cut": other_cut(live_engine)}}))
-    services.start(job.pk, worker="w1")
+    job = lifecycle.approve(reviewer, lifecycle.propose(operator, {"kind": "cut",
+                                                                   "target": {"cut": other_cut(live_engine)}}))
+    lifecycle.start(job.pk, worker="w1")
     move_engine(live_engine)
     assert layout_watch.watch() == f"job {job.pk} is running: its end explains the change"
     assert not AuditEvent.objects.filter(action=UNEXPLAINED_CHANGE).exists()

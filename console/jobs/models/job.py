@@ -33,7 +33,7 @@ class Job(models.Model):
     progress = models.FloatField(default=0.0)
     error = models.TextField(blank=True, default="")
     created = models.DateTimeField(default=timezone.now, editable=False)
-    # Set by every write (the services write with .update(), which skips auto_now): the worker's heartbeat.
+    # Set by every write (the lifecycle writes with .update(), which skips auto_now): the worker's heartbeat.
     updated = models.DateTimeField(default=timezone.now)
     # Celery bookkeeping: the request that queued it, the task and worker that ran it, and when.
     request_id = models.CharField(max_length=64, blank=True, default="")

@@ -9,7 +9,7 @@ from django.shortcuts import render
 
 from console.audit.models import AuditEvent
 from console.audit.services import export_jsonl, verify_chain
-from console.jobs.audit_witness import engine_witness
+from console.audit.witness import engine_witness
 from console.ui.access import console_page
 from console.ui.forms import AuditFilterForm
 

@@ -12,7 +12,7 @@ from django.http import Http404
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from console.jobs import services
+from console.jobs import lifecycle
 from console.jobs.errors import JobError, JobNotFound, NotAllowed
 from console.jobs.refusals import refuse_verb
 from console.ui.access import console_page
@@ -47,7 +47,7 @@ def approve(request, job_id: int):
                     request_id=getattr(request, "request_id", None))
         messages.error(request, why)
         return redirect("job", job_id=job_id)
-    return _act(request, job_id, lambda: services.approve(request.user, job_id, plan_hash=plan_hash),
+    return _act(request, job_id, lambda: lifecycle.approve(request.user, job_id, plan_hash=plan_hash),
                 "You approved plan {job.plan_hash:.16}: job {job.pk} is {job.status}.")
 
 
@@ -55,14 +55,14 @@ def approve(request, job_id: int):
 @console_page
 def reject(request, job_id: int):
     reason = request.POST.get("reason", "")
-    return _act(request, job_id, lambda: services.reject(request.user, job_id, reason=reason),
+    return _act(request, job_id, lambda: lifecycle.reject(request.user, job_id, reason=reason),
                 "You rejected job {job.pk}; it never reaches the engine.")
 
 
 @require_POST
 @console_page
 def cancel(request, job_id: int):
-    return _act(request, job_id, lambda: services.cancel(request.user, job_id), "You cancelled job {job.pk}.")
+    return _act(request, job_id, lambda: lifecycle.cancel(request.user, job_id), "You cancelled job {job.pk}.")
 
 
 @require_POST
@@ -70,5 +70,5 @@ def cancel(request, job_id: int):
 def revert(request, job_id: int):
     """Propose a revert of a job that missed its prediction; the new job's page follows, awaiting review."""
     return _act(request, job_id,
-                lambda: services.propose_revert(request.user, job_id, request_id=getattr(request, "request_id", None)),
+                lambda: lifecycle.propose_revert(request.user, job_id, request_id=getattr(request, "request_id", None)),
                 "You proposed job {job.pk} to revert job {job_id}; it awaits review.", follow=True)

@@ -1,7 +1,7 @@
 """New job `/jobs/new/`: the engine's prediction for the plan on the form, and proposing it through the service.
 
 `?kind=cut&cut=8,4,4` prefills the form (the frontier links here) and shows the engine's prediction; the
-form's "Show prediction" asks again; "Propose" calls services.propose and opens the new job's page. The shape
+form's "Show prediction" asks again; "Propose" calls lifecycle.propose and opens the new job's page. The shape
 fields start at the engine's current shape (GET /control/state), and a shape the engine refuses comes back with
 the longest max_model_len that fits (console.jobs.shape_fit) and a link that proposes it.
 """
@@ -14,7 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from console.engine import EngineClient, EngineError
-from console.jobs import planning, schedule, services
+from console.jobs import lifecycle, planning, schedule
 from console.jobs.choices import JobKind
 from console.jobs.errors import EngineUnavailable, InvalidProposal, JobError, NotAllowed, PlanInfeasible
 from console.jobs.refusals import body_digest, refuse_proposal
@@ -32,12 +32,12 @@ def job_new(request):
         if not may_propose:
             refusal = NotAllowed(f"proposing a job needs the operator role, which {request.user.get_username()} "
                                  "does not have")
-            _refused(request, refusal)  # as the API's services.propose records a viewer's proposal
+            _refused(request, refusal)  # as the API's lifecycle.propose records a viewer's proposal
             raise refusal
         form = ProposeForm(request.POST)
         if request.POST.get("action") == "propose" and form.is_valid():
             try:
-                job = services.propose(request.user, form.cleaned_data["body"])
+                job = lifecycle.propose(request.user, form.cleaned_data["body"])
             except NotAllowed:
                 raise
             except JobError as error:
@@ -84,7 +84,7 @@ def _running_shape(may_propose: bool) -> dict:
 
 
 def _refused(request, refusal: JobError) -> None:
-    """A proposal the page refuses before the services see it is audited like one the API refuses."""
+    """A proposal the page refuses before the lifecycle sees it is audited like one the API refuses."""
     fields = {name: value for name, value in request.POST.items() if name != "csrfmiddlewaretoken"}
     refuse_proposal(request.user, body_digest(fields), refusal, request_id=getattr(request, "request_id", None))
 

@@ -9,9 +9,9 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
 from console.jobs.choices import ACTIVE, TERMINAL, JobStatus
+from console.jobs.lifecycle import approvals_counting, required_approvals
 from console.jobs.models import Approval, Job
 from console.jobs.roles import OPERATOR, has_role
-from console.jobs.services import approvals_counting, required_approvals
 from console.ui.access import console_page, job_actions
 
 PAGE_SIZE = 50

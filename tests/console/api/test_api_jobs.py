@@ -165,13 +165,13 @@ def _cut(engine):
 
 
 def test_an_unexpected_error_is_json_with_the_request_id(proposed, reviewer, post, monkeypatch):
-    from console.jobs import services
+    from console.jobs import lifecycle
 
     job = proposed()
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(services, "reject", broken)
+    monkeypatch.setattr(lifecycle, "reject", broken)
     answer = post(f"{JOBS}{job['id']}/reject/", {}, user=reviewer, expect=500, HTTP_X_REQUEST_ID="api-boom-1")
     assert answer["code"] == "InternalError" and answer["request_id"] == "api-boom-1"

@@ -18,7 +18,7 @@ from job_helpers import move_engine, other_cut
 
 from console.audit.models import AuditEvent
 from console.calibration import recording
-from console.jobs import services, worker
+from console.jobs import lifecycle, worker
 from console.jobs.models import Job
 from contracts.control import EngineState
 
@@ -54,8 +54,8 @@ def wrong_calibration(engine, avoid: list[list[int]]) -> None:
 
 
 def run_job(operator, reviewer, cut: list[int]) -> Job:
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": cut}})
-    services.approve(reviewer, job)
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": cut}})
+    lifecycle.approve(reviewer, job)
     assert worker.execute(job.pk, worker="w-verdict") == "succeeded", Job.objects.get(pk=job.pk).error
     return Job.objects.get(pk=job.pk)
 

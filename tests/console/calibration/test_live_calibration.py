@@ -10,7 +10,7 @@ import pytest
 
 from console.calibration import recording
 from console.calibration.models import JobPrediction, MeasuredLayout
-from console.jobs import services, worker
+from console.jobs import lifecycle, worker
 from console.jobs.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,8 +40,8 @@ def serve_and_measure(engine) -> MeasuredLayout:
 
 
 def run_job(operator, reviewer, cut: list[int]) -> Job:
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": cut}})
-    services.approve(reviewer, job)
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": cut}})
+    lifecycle.approve(reviewer, job)
     assert worker.execute(job.pk, worker="w-calibration") == "succeeded", Job.objects.get(pk=job.pk).error
     return Job.objects.get(pk=job.pk)
 

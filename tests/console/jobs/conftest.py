@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from job_helpers import Worker, database_url, other_cut  # noqa: E402
 from live_service import LiveService  # noqa: E402
 
-from console.jobs import services  # noqa: E402
+from console.jobs import lifecycle  # noqa: E402
 from console.jobs.roles import ensure_roles  # noqa: E402
 
 _default = settings.DATABASES["default"]
@@ -108,7 +108,7 @@ def reviewer(make_user):
 def propose_cut(live_engine, operator):
     """propose_cut(user=operator, cut=None) -> a proposed job for a feasible cut change."""
     def propose(user=None, cut=None):
-        return services.propose(user or operator, {"kind": "cut", "target": {"cut": cut or other_cut(live_engine)}})
+        return lifecycle.propose(user or operator, {"kind": "cut", "target": {"cut": cut or other_cut(live_engine)}})
     return propose
 
 
@@ -116,7 +116,7 @@ def propose_cut(live_engine, operator):
 def handoffs(monkeypatch):
     """Record the job ids handed to the worker (after commit) instead of sending them to a broker."""
     sent: list[int] = []
-    monkeypatch.setattr(services, "hand_off", lambda job_id, request_id=None: sent.append(job_id))
+    monkeypatch.setattr(lifecycle, "hand_off", lambda job_id, request_id=None: sent.append(job_id))
     return sent
 
 

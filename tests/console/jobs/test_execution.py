@@ -11,7 +11,7 @@ from live_service import LiveService, free_port
 
 from console.audit.models import AuditEvent
 from console.engine import EngineClient
-from console.jobs import services, worker
+from console.jobs import lifecycle, worker
 from console.jobs.errors import Conflict
 from console.jobs.models import Approval, Job
 from contracts.attestation import verify_attestation
@@ -24,7 +24,7 @@ def queued_job(propose_cut, reviewer, handoffs):
     """queued_job() -> a job approved and queued (its hand-off recorded, not sent)."""
     def make():
         job = propose_cut()
-        return services.approve(reviewer, job)
+        return lifecycle.approve(reviewer, job)
     return make
 
 
@@ -43,7 +43,7 @@ def test_a_job_runs_to_success_with_the_predicted_pool(live_engine, queued_job):
 
 def test_two_workers_picking_the_same_job_only_one_claims_it(queued_job):
     job = queued_job()
-    results = at_once([lambda n=n: services.start(job.pk, worker=f"w{n}") for n in range(4)])
+    results = at_once([lambda n=n: lifecycle.start(job.pk, worker=f"w{n}") for n in range(4)])
     won = [r for r in results if isinstance(r, Job)]
     assert len(won) == 1 and all(isinstance(r, Conflict) for r in results if r not in won), results
     job.refresh_from_db()
@@ -53,7 +53,7 @@ def test_two_workers_picking_the_same_job_only_one_claims_it(queued_job):
 
 def test_a_second_delivery_of_a_running_job_leaves_it_alone(queued_job, settings):
     job = queued_job()
-    services.start(job.pk, worker="first")
+    lifecycle.start(job.pk, worker="first")
     settings.ENGINE_URL = f"http://127.0.0.1:{free_port()}"  # were the engine asked at all, the job would fail
     assert worker.execute(job.pk, worker="second") == "running"
     job.refresh_from_db()
@@ -146,8 +146,8 @@ def test_a_failed_verification_rolls_back_and_the_job_records_both(demo_checkpoi
     try:
         settings.ENGINE_URL = faulty.url
         before = faulty.state()
-        job = services.propose(make_user("operator"), {"kind": "cut", "target": {"cut": [6, 6, 4]}})
-        services.approve(make_user("reviewer"), job)
+        job = lifecycle.propose(make_user("operator"), {"kind": "cut", "target": {"cut": [6, 6, 4]}})
+        lifecycle.approve(make_user("reviewer"), job)
         assert worker.execute(job.pk) == "rolled_back"
         job.refresh_from_db()
         assert "checksum mismatch" in job.error
@@ -166,9 +166,9 @@ def test_a_failed_verification_rolls_back_and_the_job_records_both(demo_checkpoi
 def _left_running(job, operation_id: str = "") -> Job:
     """What a worker that died leaves behind: a running job (with the engine's operation id, if it got that far),
     whose heartbeat stopped ten minutes ago."""
-    services.start(job.pk, worker="dead")
+    lifecycle.start(job.pk, worker="dead")
     if operation_id:
-        services.record_operation(job.pk, operation_id)
+        lifecycle.record_operation(job.pk, operation_id)
     Job.objects.filter(pk=job.pk).update(updated=timezone.now() - timedelta(minutes=10))
     return Job.objects.get(pk=job.pk)
 

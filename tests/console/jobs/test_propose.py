@@ -6,7 +6,7 @@ from live_service import free_port
 
 from console.audit.errors import AuditWriteRefused
 from console.audit.models import AuditEvent
-from console.jobs import services
+from console.jobs import lifecycle
 from console.jobs.errors import Conflict, EngineUnavailable, InvalidProposal, NotAllowed, PlanInfeasible
 from console.jobs.models import Job
 from contracts.plan import plan_hash
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 def test_a_proposal_stores_the_engines_plan_hash_and_prediction(live_engine, operator):
     before = live_engine.state()
     cut = other_cut(live_engine)
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": cut}})
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": cut}})
     assert (job.status, job.kind, job.target, job.proposer, job.proposer_name) == \
         ("proposed", "cut", {"cut": cut}, operator, "olga")
     assert job.plan_hash == plan_hash(job.plan)
@@ -33,7 +33,7 @@ def test_a_proposal_stores_the_engines_plan_hash_and_prediction(live_engine, ope
 def test_only_an_operator_proposes(live_engine, make_user, roles):
     user = make_user(*roles)
     with pytest.raises(NotAllowed, match="needs the operator role"):
-        services.propose(user, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
+        lifecycle.propose(user, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
     assert not Job.objects.exists()
     # The refused attempt is on the trail (issue 6), and it is the only event.
     assert list(AuditEvent.objects.values_list("action", "actor_name")) == [("job.propose_refused",
@@ -51,14 +51,14 @@ def test_only_an_operator_proposes(live_engine, make_user, roles):
 ])
 def test_a_bad_body_is_refused_naming_the_problem(live_engine, operator, body, message, field):
     with pytest.raises(InvalidProposal) as refused:
-        services.propose(operator, body)
+        lifecycle.propose(operator, body)
     assert message in str(refused.value) and refused.value.field == field and refused.value.status_code == 400
     assert not Job.objects.exists()
 
 
 def test_an_infeasible_plan_is_refused_with_the_engines_reasons(live_engine, operator):
     with pytest.raises(PlanInfeasible) as refused:
-        services.propose(operator, {"kind": "cut", "target": {"cut": [3, 12, 1]}})
+        lifecycle.propose(operator, {"kind": "cut", "target": {"cut": [3, 12, 1]}})
     reasons = live_engine.plan("cut", {"cut": [3, 12, 1]})["reasons"]
     assert reasons and refused.value.reasons == reasons and reasons[0] in str(refused.value)
     assert not Job.objects.exists()
@@ -67,20 +67,20 @@ def test_an_infeasible_plan_is_refused_with_the_engines_reasons(live_engine, ope
 def test_a_proposal_for_a_layout_the_engine_has_left_is_refused(live_engine, operator):
     body = {"kind": "cut", "target": {"cut": other_cut(live_engine)}, "incumbent_fingerprint": "0123456789abcdef"}
     with pytest.raises(Conflict, match="the engine now runs layout"):
-        services.propose(operator, body)
+        lifecycle.propose(operator, body)
 
 
 def test_an_unreachable_engine_is_named(operator, settings):
     settings.ENGINE_URL = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(EngineUnavailable, match=f"engine unreachable at {settings.ENGINE_URL}"):
-        services.propose(operator, {"kind": "cut", "target": {"cut": [8, 4, 4]}})
+        lifecycle.propose(operator, {"kind": "cut", "target": {"cut": [8, 4, 4]}})
 
 
 def test_a_failed_audit_write_fails_the_proposal(live_engine, operator, monkeypatch):
     def refuse(**event):
         raise AuditWriteRefused("the audit trail is down")
 
-    monkeypatch.setattr(services, "record", refuse)
+    monkeypatch.setattr(lifecycle, "record", refuse)
     with pytest.raises(AuditWriteRefused):
-        services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
+        lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
     assert not Job.objects.exists()

@@ -9,7 +9,7 @@ from django.utils import timezone
 from job_helpers import actions, at_once, move_engine
 
 from console.audit.errors import AuditWriteRefused
-from console.jobs import services, transitions
+from console.jobs import lifecycle
 from console.jobs.errors import Conflict, NotAllowed
 from console.jobs.models import Approval, Job
 
@@ -22,7 +22,7 @@ def test_self_approval_is_refused(propose_cut, make_user):
     both = make_user("operator", "reviewer")
     job = propose_cut(user=both)
     with pytest.raises(NotAllowed, match="cannot approve it"):
-        services.approve(both, job)
+        lifecycle.approve(both, job)
     job.refresh_from_db()
     assert job.status == "proposed" and not job.approvals.exists()
     assert actions(job) == ["job.proposed", "job.approve_refused"]  # the attempt is on the trail (issue 6)
@@ -32,7 +32,7 @@ def test_self_approval_is_refused(propose_cut, make_user):
 def test_only_a_reviewer_approves(propose_cut, make_user, roles):
     job = propose_cut()
     with pytest.raises(NotAllowed, match="needs the reviewer role"):
-        services.approve(make_user(*roles), job)
+        lifecycle.approve(make_user(*roles), job)
     assert not job.approvals.exists()
 
 
@@ -41,14 +41,14 @@ def test_a_superuser_outside_the_reviewer_group_cannot_approve(propose_cut, make
     admin.is_superuser = True
     admin.save()
     with pytest.raises(NotAllowed):
-        services.approve(admin, propose_cut())
+        lifecycle.approve(admin, propose_cut())
 
 
 @pytest.mark.django_db(transaction=True)
 def test_an_approval_queues_the_job_and_hands_it_over_after_the_commit(propose_cut, reviewer, handoffs):
     job = propose_cut()
     with transaction.atomic():
-        queued = services.approve(reviewer, job, plan_hash=job.plan_hash)
+        queued = lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
         assert queued.status == "queued" and queued.queued_at is not None
         assert handoffs == []  # a worker must never see the job before it is committed
     assert handoffs == [job.pk]
@@ -60,10 +60,10 @@ def test_an_approval_queues_the_job_and_hands_it_over_after_the_commit(propose_c
 def test_a_reviewer_approves_a_plan_once(propose_cut, make_user, settings):
     settings.SEAM_REQUIRED_APPROVALS = 2
     job, reviewer = propose_cut(), make_user("reviewer")
-    services.approve(reviewer, job)
+    lifecycle.approve(reviewer, job)
     with pytest.raises(Conflict, match="already approved"):
-        services.approve(reviewer, job)
-    assert services.approvals_counting(job) == 1
+        lifecycle.approve(reviewer, job)
+    assert lifecycle.approvals_counting(job) == 1
 
 
 # --- rule 2: an approval is bound to the plan_hash it saw ---------------------------------------
@@ -71,7 +71,7 @@ def test_a_reviewer_approves_a_plan_once(propose_cut, make_user, settings):
 def test_an_approval_of_a_plan_the_job_no_longer_carries_is_refused(propose_cut, reviewer):
     job = propose_cut()
     with pytest.raises(Conflict, match="changed since you saw it"):
-        services.approve(reviewer, job, plan_hash="0" * 64)
+        lifecycle.approve(reviewer, job, plan_hash="0" * 64)
     assert not job.approvals.exists()
 
 
@@ -79,13 +79,13 @@ def test_a_changed_plan_dismisses_the_approvals_given_so_far(live_engine, propos
     settings.SEAM_REQUIRED_APPROVALS = 2
     first, second = make_user("reviewer"), make_user("reviewer")
     job = propose_cut()
-    services.approve(first, job)
+    lifecycle.approve(first, job)
     move_engine(live_engine)  # the layout changed: planning again gives another plan
-    revised = services.revise(operator, job)
+    revised = lifecycle.revise(operator, job)
     assert revised.plan_hash != job.plan_hash and revised.incumbent_fingerprint == live_engine.state()["fingerprint"]
-    assert services.approvals_counting(revised) == 0
-    assert services.approve(second, revised).status == "proposed"  # first's approval was for the old plan
-    assert services.approve(first, revised).status == "queued"
+    assert lifecycle.approvals_counting(revised) == 0
+    assert lifecycle.approve(second, revised).status == "proposed"  # first's approval was for the old plan
+    assert lifecycle.approve(first, revised).status == "queued"
     assert "job.revised" in actions(job)
 
 
@@ -93,16 +93,16 @@ def test_a_plan_changed_behind_the_services_back_has_no_approvals(propose_cut, m
     settings.SEAM_REQUIRED_APPROVALS = 2
     first, second = make_user("reviewer"), make_user("reviewer")
     job = propose_cut()
-    services.approve(first, job)
+    lifecycle.approve(first, job)
     Job.objects.filter(pk=job.pk).update(plan_hash="f" * 64)
-    assert services.approve(second, job).status == "proposed"
+    assert lifecycle.approve(second, job).status == "proposed"
 
 
 # --- rule 3: approvals expire; the required number is configurable -------------------------------
 
 def test_an_approval_expires_after_the_configured_ttl(propose_cut, reviewer, settings):
     settings.SEAM_APPROVAL_TTL_S = 90
-    job = services.approve(reviewer, propose_cut())
+    job = lifecycle.approve(reviewer, propose_cut())
     approval = job.approvals.get()
     assert approval.expires_at - approval.created == timedelta(seconds=90)
 
@@ -111,17 +111,17 @@ def test_an_expired_approval_does_not_count(propose_cut, make_user, settings):
     settings.SEAM_REQUIRED_APPROVALS = 2
     first, second = make_user("reviewer"), make_user("reviewer")
     job = propose_cut()
-    services.approve(first, job)
+    lifecycle.approve(first, job)
     hour = timedelta(hours=1)
     Approval.objects.filter(job=job).update(created=timezone.now() - 2 * hour, expires_at=timezone.now() - hour)
-    assert services.approve(second, job).status == "proposed"
-    assert services.approve(first, job).status == "queued"  # a fresh approval counts again
+    assert lifecycle.approve(second, job).status == "proposed"
+    assert lifecycle.approve(first, job).status == "queued"  # a fresh approval counts again
 
 
 def test_the_required_number_of_approvals_is_configurable(propose_cut, make_user, settings):
     settings.SEAM_REQUIRED_APPROVALS = 3
     job = propose_cut()
-    assert [services.approve(make_user("reviewer"), job).status for _ in range(3)] == \
+    assert [lifecycle.approve(make_user("reviewer"), job).status for _ in range(3)] == \
         ["proposed", "proposed", "queued"]
 
 
@@ -133,10 +133,10 @@ def test_a_rejected_job_never_touches_the_engine(live_engine, propose_cut, revie
 
     before = live_engine.state()["fingerprint"]
     job = propose_cut()
-    rejected = services.reject(reviewer, job, reason="not during the peak")
+    rejected = lifecycle.reject(reviewer, job, reason="not during the peak")
     assert rejected.status == "rejected" and rejected.error == "rejected by rita: not during the peak"
     with pytest.raises(Conflict, match="is rejected"):
-        services.approve(reviewer, job)
+        lifecycle.approve(reviewer, job)
     assert worker.execute(job.pk) == "rejected"  # even a stray delivery finds nothing to run
     job.refresh_from_db()
     assert (job.status, job.engine_operation_id, job.started_at) == ("rejected", "", None)
@@ -145,7 +145,7 @@ def test_a_rejected_job_never_touches_the_engine(live_engine, propose_cut, revie
 
 def test_only_a_reviewer_rejects(propose_cut, operator):
     with pytest.raises(NotAllowed, match="reviewer role"):
-        services.reject(operator, propose_cut())
+        lifecycle.reject(operator, propose_cut())
 
 
 def test_the_proposer_cancels_their_own_job_before_it_runs(propose_cut, operator, make_user, reviewer, handoffs):
@@ -153,34 +153,34 @@ def test_the_proposer_cancels_their_own_job_before_it_runs(propose_cut, operator
 
     job = propose_cut()
     with pytest.raises(NotAllowed, match="only the proposer"):
-        services.cancel(make_user("operator"), job)
+        lifecycle.cancel(make_user("operator"), job)
     with pytest.raises(NotAllowed, match="operator role"):
-        services.cancel(reviewer, job)
-    assert services.approve(reviewer, job).status == "queued"
-    assert services.cancel(operator, job).status == "cancelled"
+        lifecycle.cancel(reviewer, job)
+    assert lifecycle.approve(reviewer, job).status == "queued"
+    assert lifecycle.cancel(operator, job).status == "cancelled"
     assert worker.execute(job.pk) == "cancelled"  # the queued message finds nothing to run
 
     running = propose_cut()
-    services.approve(reviewer, running)
-    services.start(running)
+    lifecycle.approve(reviewer, running)
+    lifecycle.start(running)
     with pytest.raises(Conflict, match="has not started"):
-        services.cancel(operator, running)
+        lifecycle.cancel(operator, running)
 
 
 # --- fail closed, and races ----------------------------------------------------------------------
 
 def test_a_failed_audit_write_rolls_the_approval_back(propose_cut, reviewer, monkeypatch):
     job = propose_cut()
-    real = transitions.record  # every transition's audit write
+    real = lifecycle.record  # every transition's audit write
 
     def record(**event):
         if event["action"] == "job.queued":
             raise AuditWriteRefused("the audit trail is down")
         return real(**event)
 
-    monkeypatch.setattr(transitions, "record", record)
+    monkeypatch.setattr(lifecycle, "record", record)
     with pytest.raises(AuditWriteRefused):
-        services.approve(reviewer, job)
+        lifecycle.approve(reviewer, job)
     job.refresh_from_db()
     assert job.status == "proposed" and not job.approvals.exists() and actions(job) == ["job.proposed"]
 
@@ -188,7 +188,7 @@ def test_a_failed_audit_write_rolls_the_approval_back(propose_cut, reviewer, mon
 @pytest.mark.django_db(transaction=True)
 def test_two_reviewers_approving_at_once_queue_the_job_once(propose_cut, make_user, handoffs):
     job, first, second = propose_cut(), make_user("reviewer"), make_user("reviewer")
-    results = at_once([lambda: services.approve(first, job.pk), lambda: services.approve(second, job.pk)])
+    results = at_once([lambda: lifecycle.approve(first, job.pk), lambda: lifecycle.approve(second, job.pk)])
     won = [r for r in results if isinstance(r, Job)]
     lost = [r for r in results if not isinstance(r, Job)]
     assert len(won) == 1 and won[0].status == "queued", results
@@ -201,14 +201,14 @@ def test_two_reviewers_approving_at_once_queue_the_job_once(propose_cut, make_us
 def test_two_approvals_at_once_both_count(propose_cut, make_user, handoffs, settings, monkeypatch):
     """With two required, two reviewers approving together must queue the job: each count sees the other."""
     settings.SEAM_REQUIRED_APPROVALS = 2
-    counting = services.approvals_counting
+    counting = lifecycle.approvals_counting
 
     def slow_count(job, now=None):  # widen the window between writing an approval and counting them
         time.sleep(0.2)
         return counting(job, now)
 
-    monkeypatch.setattr(services, "approvals_counting", slow_count)
+    monkeypatch.setattr(lifecycle, "approvals_counting", slow_count)
     job, first, second = propose_cut(), make_user("reviewer"), make_user("reviewer")
-    results = at_once([lambda: services.approve(first, job.pk), lambda: services.approve(second, job.pk)])
+    results = at_once([lambda: lifecycle.approve(first, job.pk), lambda: lifecycle.approve(second, job.pk)])
     assert sorted(r.status for r in results) == ["proposed", "queued"], results
     assert handoffs == [job.pk]

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from console.audit.models import AuditEvent
 from console.celery import app
-from console.jobs import services
+from console.jobs import lifecycle
 from console.jobs.models import Approval, Job
 from console.jobs.tasks import queue_scheduled_jobs
 
@@ -21,8 +21,8 @@ JOBS = "/api/v1/jobs/"
 
 
 def propose_at(engine, operator, not_before, cut=None) -> Job:
-    return services.propose(operator, {"kind": "cut", "target": {"cut": cut or other_cut(engine)},
-                                       "not_before": not_before.isoformat()})
+    return lifecycle.propose(operator, {"kind": "cut", "target": {"cut": cut or other_cut(engine)},
+                                        "not_before": not_before.isoformat()})
 
 
 def api_post(user, body):
@@ -82,36 +82,36 @@ def test_a_bad_not_before_is_a_400_naming_the_field_and_stores_nothing(live_engi
 def test_the_last_approval_leaves_a_scheduled_job_approved_and_says_when(live_engine, operator, reviewer, handoffs):
     when = timezone.now() + timedelta(hours=1)
     job = propose_at(live_engine, operator, when)
-    approved = services.approve(reviewer, job, plan_hash=job.plan_hash, request_id="req-approve-scheduled")
+    approved = lifecycle.approve(reviewer, job, plan_hash=job.plan_hash, request_id="req-approve-scheduled")
     assert approved.status == "approved" and approved.queued_at is None
     assert handoffs == []  # nothing reaches the worker before its time
     assert actions(job) == ["job.proposed", "job.approval", "job.approved"]
     event = AuditEvent.objects.get(action="job.approved", subject=f"job:{job.pk}")
     assert event.payload["scheduled_for"] == when.isoformat()
-    assert services.queue_due() == [] and handoffs == []  # beat before the time: still waiting
+    assert lifecycle.queue_due() == [] and handoffs == []  # beat before the time: still waiting
 
 
 @pytest.mark.django_db(transaction=True)
 def test_beat_queues_a_due_job_once_and_hands_it_over_after_the_commit(live_engine, operator, reviewer, handoffs):
     when = timezone.now() + timedelta(hours=1)
     job = propose_at(live_engine, operator, when)
-    services.approve(reviewer, job, plan_hash=job.plan_hash, request_id="req-approve-scheduled")
-    assert services.queue_due(now=when + timedelta(seconds=1)) == [job.pk]
+    lifecycle.approve(reviewer, job, plan_hash=job.plan_hash, request_id="req-approve-scheduled")
+    assert lifecycle.queue_due(now=when + timedelta(seconds=1)) == [job.pk]
     assert handoffs == [job.pk]
     job.refresh_from_db()
     assert job.status == "queued" and job.queued_at is not None and job.request_id == "req-approve-scheduled"
     queued = AuditEvent.objects.get(action="job.queued", subject=f"job:{job.pk}")
     assert queued.actor_name == "system" and queued.payload["scheduled_for"] == when.isoformat()
     assert queued.request_id == "req-approve-scheduled"  # the trail links the beat's move to the approval
-    assert services.queue_due(now=when + timedelta(seconds=2)) == [] and handoffs == [job.pk]
+    assert lifecycle.queue_due(now=when + timedelta(seconds=2)) == [] and handoffs == [job.pk]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_two_beats_at_once_queue_a_due_job_once(live_engine, operator, reviewer, handoffs):
     when = timezone.now() + timedelta(hours=1)
     job = propose_at(live_engine, operator, when)
-    services.approve(reviewer, job, plan_hash=job.plan_hash)
-    results = at_once([lambda: services.queue_due(now=when), lambda: services.queue_due(now=when)])
+    lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
+    results = at_once([lambda: lifecycle.queue_due(now=when), lambda: lifecycle.queue_due(now=when)])
     assert sorted(results, key=len) == [[], [job.pk]], results
     assert handoffs == [job.pk] and actions(job).count("job.queued") == 1
 
@@ -120,16 +120,16 @@ def test_two_beats_at_once_queue_a_due_job_once(live_engine, operator, reviewer,
 def test_a_scheduled_job_can_be_cancelled_while_it_waits(live_engine, operator, reviewer, handoffs):
     when = timezone.now() + timedelta(hours=1)
     job = propose_at(live_engine, operator, when)
-    services.approve(reviewer, job, plan_hash=job.plan_hash)
-    assert services.cancel(operator, job).status == "cancelled"
-    assert services.queue_due(now=when + timedelta(seconds=1)) == [] and handoffs == []
+    lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
+    assert lifecycle.cancel(operator, job).status == "cancelled"
+    assert lifecycle.queue_due(now=when + timedelta(seconds=1)) == [] and handoffs == []
 
 
 @pytest.mark.django_db(transaction=True)
 def test_an_approval_after_not_before_has_passed_queues_at_once(live_engine, operator, reviewer, handoffs):
     job = propose_at(live_engine, operator, timezone.now() + timedelta(hours=1))
     Job.objects.filter(pk=job.pk).update(not_before=timezone.now() - timedelta(seconds=5))  # its time came unreviewed
-    assert services.approve(reviewer, job, plan_hash=job.plan_hash).status == "queued"
+    assert lifecycle.approve(reviewer, job, plan_hash=job.plan_hash).status == "queued"
     assert handoffs == [job.pk]
 
 
@@ -138,12 +138,12 @@ def test_approvals_of_a_scheduled_job_last_until_not_before_plus_the_ttl(live_en
     settings.SEAM_APPROVAL_TTL_S = 60
     when = timezone.now() + timedelta(hours=1)
     job = propose_at(live_engine, operator, when)
-    services.approve(reviewer, job, plan_hash=job.plan_hash)
+    lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
     approval = Approval.objects.get(job=job)
     assert approval.expires_at == when + timedelta(seconds=60)
     job.refresh_from_db()
-    assert services.approvals_counting(job, now=when + timedelta(seconds=59)) == 1  # still counts when it runs
-    assert services.approvals_counting(job, now=when + timedelta(seconds=61)) == 0  # but not forever
+    assert lifecycle.approvals_counting(job, now=when + timedelta(seconds=59)) == 1  # still counts when it runs
+    assert lifecycle.approvals_counting(job, now=when + timedelta(seconds=61)) == 0  # but not forever
 
 
 # --- beat's task ---------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_a_due_job_runs_on_the_worker_with_approvals_that_outlived_the_plain_ttl
     cut = other_cut(live_engine)
     when = timezone.now() + timedelta(seconds=6)
     job = propose_at(live_engine, operator, when, cut=cut)
-    services.approve(reviewer, job, plan_hash=job.plan_hash)
+    lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
     approval = Approval.objects.get(job=job)
     # Counted from the approval, it would have lapsed before the job's time: counted from not_before it lasts.
     assert approval.created + timedelta(seconds=3) < when and approval.expires_at == when + timedelta(seconds=3)
@@ -184,9 +184,9 @@ def test_a_due_job_runs_on_the_worker_with_approvals_that_outlived_the_plain_ttl
 def test_a_due_job_whose_layout_moved_while_it_waited_ends_stale(celery_worker, live_engine, operator, reviewer):
     when = timezone.now() + timedelta(hours=1)
     job = propose_at(live_engine, operator, when)
-    services.approve(reviewer, job, plan_hash=job.plan_hash)
+    lifecycle.approve(reviewer, job, plan_hash=job.plan_hash)
     moved = move_engine(live_engine)  # the engine changed layout while the job waited for its time
-    assert services.queue_due(now=when + timedelta(seconds=1)) == [job.pk]
+    assert lifecycle.queue_due(now=when + timedelta(seconds=1)) == [job.pk]
     done = wait_for_end(job.pk)
     assert done.status == "stale", done.error
     assert done.engine_operation_id == "" and "propose again" in done.error

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from job_helpers import other_cut
 
-from console.jobs import services, webhooks
+from console.jobs import lifecycle, webhooks
 from console.jobs.models import Job
 
 KEY = "webhook-test-key"
@@ -174,7 +174,7 @@ def test_the_backoff_doubles(settings, monkeypatch):
 def test_a_status_change_reaches_the_receiver_from_the_real_worker_signed(celery_worker, operator, receiver, hooked):
     target = hooked(receiver())
     job = a_job(operator)
-    services.cancel(operator, job)
+    lifecycle.cancel(operator, job)
     (post,) = target.wait_for(1)
     event = json.loads(post["body"])
     assert event["event"] == "job.status" and event["delivery"] == post["headers"]["X-Seam-Delivery"]
@@ -189,7 +189,7 @@ def test_a_status_change_reaches_the_receiver_from_the_real_worker_signed(celery
 @pytest.mark.django_db(transaction=True)
 def test_the_real_worker_retries_a_receiver_that_answered_500(celery_worker, operator, receiver, hooked):
     target = hooked(receiver(500, 204))
-    services.cancel(operator, a_job(operator))
+    lifecycle.cancel(operator, a_job(operator))
     first, again = target.wait_for(2)  # the worker waits SEAM_WEBHOOK_BACKOFF_S (1 s) and sends it again
     assert first["body"] == again["body"]
     assert first["headers"]["X-Seam-Delivery"] == again["headers"]["X-Seam-Delivery"]
@@ -198,7 +198,7 @@ def test_the_real_worker_retries_a_receiver_that_answered_500(celery_worker, ope
 @pytest.mark.django_db(transaction=True)
 def test_a_proposal_is_announced_with_no_previous_status(celery_worker, live_engine, operator, receiver, hooked):
     target = hooked(receiver())
-    job = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
+    job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)}})
     event = json.loads(target.wait_for(1)[0]["body"])
     assert (event["job"]["id"], event["job"]["status"], event["job"]["previous_status"]) == (job.pk, "proposed", None)
 
@@ -216,7 +216,7 @@ def sent(monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_without_urls_nothing_is_sent(operator, sent, settings):
     settings.SEAM_WEBHOOK_URLS, settings.SEAM_WEBHOOK_KEY = [], KEY
-    services.cancel(operator, a_job(operator))
+    lifecycle.cancel(operator, a_job(operator))
     assert sent == []
 
 
@@ -224,7 +224,7 @@ def test_without_urls_nothing_is_sent(operator, sent, settings):
 def test_without_a_key_nothing_is_sent_and_that_is_logged(operator, sent, settings, caplog):
     settings.SEAM_WEBHOOK_URLS, settings.SEAM_WEBHOOK_KEY = ["http://127.0.0.1:9/hook"], ""
     with caplog.at_level(logging.ERROR, logger="seam.webhooks"):
-        services.cancel(operator, a_job(operator))
+        lifecycle.cancel(operator, a_job(operator))
     assert sent == [] and "SEAM_WEBHOOK_KEY is not" in caplog.text
 
 
@@ -232,7 +232,7 @@ def test_without_a_key_nothing_is_sent_and_that_is_logged(operator, sent, settin
 def test_one_delivery_per_url_each_with_its_own_id(operator, sent, settings):
     settings.SEAM_WEBHOOK_URLS = ["http://127.0.0.1:9/a", "ftp://example.invalid/b", "https://hooks.example.org/c"]
     settings.SEAM_WEBHOOK_KEY = KEY
-    services.cancel(operator, a_job(operator))
+    lifecycle.cancel(operator, a_job(operator))
     assert [args[0] for args in sent] == ["http://127.0.0.1:9/a", "https://hooks.example.org/c"]  # not ftp
     assert len({args[3] for args in sent}) == 2
     for _url, body, signature, delivery, _event in sent:
@@ -249,6 +249,6 @@ def test_a_broker_that_refuses_the_task_does_not_fail_the_change(operator, setti
     monkeypatch.setattr(webhooks.deliver, "apply_async", broker_down)
     job = a_job(operator)
     with caplog.at_level(logging.ERROR, logger="seam.webhooks"):
-        assert services.cancel(operator, job).status == "cancelled"
+        assert lifecycle.cancel(operator, job).status == "cancelled"
     job.refresh_from_db()
     assert job.status == "cancelled" and "could not send the webhooks" in caplog.text

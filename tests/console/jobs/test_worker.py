@@ -7,7 +7,7 @@ import pytest
 from job_helpers import JobListener, actions, move_engine, other_cut, wait_for_end
 
 from console.audit.models import AuditEvent
-from console.jobs import services
+from console.jobs import lifecycle
 from console.jobs.errors import NotAllowed
 from console.jobs.tasks import run_job
 
@@ -18,11 +18,11 @@ def test_propose_approve_run_succeeds_with_the_predicted_pool(celery_worker, liv
     before = live_engine.state()
     cut = other_cut(live_engine)
     proposer = make_user("operator", "reviewer")
-    job = services.propose(proposer, {"kind": "cut", "target": {"cut": cut}})
+    job = lifecycle.propose(proposer, {"kind": "cut", "target": {"cut": cut}})
     with pytest.raises(NotAllowed):
-        services.approve(proposer, job)  # rule 1, even for a proposer who is also a reviewer
+        lifecycle.approve(proposer, job)  # rule 1, even for a proposer who is also a reviewer
     with JobListener(job.pk) as listener:
-        queued = services.approve(reviewer, job, plan_hash=job.plan_hash, request_id="req-approve-1")
+        queued = lifecycle.approve(reviewer, job, plan_hash=job.plan_hash, request_id="req-approve-1")
         assert queued.status == "queued"
         done = wait_for_end(job.pk)
     assert done.status == "succeeded", done.error
@@ -45,7 +45,7 @@ def test_propose_approve_run_succeeds_with_the_predicted_pool(celery_worker, liv
 def test_a_plan_made_stale_ends_stale_without_touching_the_engine(celery_worker, live_engine, propose_cut, reviewer):
     job = propose_cut()
     moved = move_engine(live_engine)  # someone changed the layout after the proposal was made
-    services.approve(reviewer, job)
+    lifecycle.approve(reviewer, job)
     done = wait_for_end(job.pk)
     assert done.status == "stale", done.error
     assert done.engine_operation_id == "" and "propose again" in done.error
@@ -54,7 +54,7 @@ def test_a_plan_made_stale_ends_stale_without_touching_the_engine(celery_worker,
 
 def test_a_second_delivery_of_the_same_job_does_nothing(celery_worker, live_engine, propose_cut, reviewer):
     job = propose_cut()
-    services.approve(reviewer, job)  # the first delivery, on commit
+    lifecycle.approve(reviewer, job)  # the first delivery, on commit
     run_job.delay(job.pk)  # a second one, as a broker redelivering it would
     done = wait_for_end(job.pk)
     assert done.status == "succeeded", done.error

@@ -7,7 +7,7 @@ from django.db import connection
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
-from console.jobs import services
+from console.jobs import lifecycle
 from console.ui.context import pending_review
 
 pytestmark = pytest.mark.django_db
@@ -20,12 +20,12 @@ def badge(page: str) -> int | None:
 
 def test_every_role_sees_the_count_of_proposed_jobs(browse, viewer, operator, reviewer, propose_cut):
     first, second, third = propose_cut(), propose_cut(), propose_cut()
-    services.reject(reviewer, first, reason="no")  # no longer awaiting review
-    services.cancel(operator, second)
+    lifecycle.reject(reviewer, first, reason="no")  # no longer awaiting review
+    lifecycle.cancel(operator, second)
     propose_cut()
     for user in (viewer, operator, reviewer):
         assert badge(browse(user).get("/").content.decode()) == 2, user
-    services.approve(reviewer, third, plan_hash=third.plan_hash)
+    lifecycle.approve(reviewer, third, plan_hash=third.plan_hash)
     assert badge(browse(viewer).get("/jobs/").content.decode()) == 1
 
 

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 from job_helpers import other_cut
 
-from console.jobs import services
+from console.jobs import lifecycle
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +18,7 @@ def listed(page: str) -> list[int]:
 
 def test_jobs_are_listed_newest_first_and_filter_by_status(browse, viewer, reviewer, propose_cut):
     first, second = propose_cut(), propose_cut()
-    services.reject(reviewer, first, reason="no")
+    lifecycle.reject(reviewer, first, reason="no")
     client = browse(viewer)
     assert listed(client.get("/jobs/").content.decode()) == [second.pk, first.pk]
     assert listed(client.get("/jobs/?status=rejected").content.decode()) == [first.pk]
@@ -38,8 +38,8 @@ def test_an_empty_list_says_so(browse, viewer):
 
 def test_a_scheduled_job_shows_when_it_may_run(browse, viewer, operator, live_engine, propose_cut):
     when = (timezone.now() + timedelta(hours=5)).replace(microsecond=0)
-    scheduled = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
-                                            "not_before": when.isoformat()})
+    scheduled = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(live_engine)},
+                                             "not_before": when.isoformat()})
     plain = propose_cut()
     client = browse(viewer)
     page = client.get("/jobs/").content.decode()

@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from console.audit.anchor import AnchorState
 from console.audit.services import verify_chain
 from console.audit.verification import WitnessState
-from console.jobs.audit_witness import engine_witness
+from console.audit.witness import engine_witness
 
 NOT_CHECKED = 2
 
