@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,7 @@ def _measure(until: float) -> str:
 def _wrong_arms(avoid: list[list[int]]) -> list[list[int]]:
     from console.calibration import recording
     from console.engine import EngineClient
+    from contracts.measurement import LayoutMeasurement
 
     with EngineClient() as engine:
         state = engine.state()
@@ -56,9 +58,9 @@ def _wrong_arms(avoid: list[list[int]]) -> list[list[int]]:
             ms = [layers * per * (1 + 0.0005 * (run % 3 - 1)) for layers, per in zip(cut, CLAIMED_MS_PER_LAYER,
                                                                                         strict=True)]
             decode = {"steps": 40, "median_tokens": 1.0, "median_ms": ms, "spread_ms": [0.01] * len(cut)}
-            measured = {**state["measurement"], "cut": cut, "fingerprint": "calibration-" + "-".join(map(str, cut)),
-                        "decode": decode}
-            assert recording.record({**state, "measurement": measured}, "periodic")
+            measured = {**state.measurement.to_dict(), "cut": cut,
+                        "fingerprint": "calibration-" + "-".join(map(str, cut)), "decode": decode}
+            assert recording.record(replace(state, measurement=LayoutMeasurement.from_dict(measured)), "periodic")
     return arms
 
 
