@@ -13,6 +13,7 @@ from console.calibration import recording
 from console.calibration.models import JobPrediction
 from console.jobs import layout_watch, lifecycle, worker
 from console.jobs.layout_watch import UNEXPLAINED_CHANGE
+from contracts.control import EngineState
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,7 +58,7 @@ def test_a_change_no_job_caused_is_audited_once_and_shown_on_the_dashboard(live_
 
 def test_a_job_end_reads_the_engines_state_once_for_the_watch_and_the_calibration(live_engine, run_job,
                                                                                     monkeypatch):
-    noted: dict[str, dict] = {}
+    noted: dict[str, EngineState] = {}
     for module in (layout_watch, recording):
         def note(job, state, engine_url, real=module.note_job_end, name=module.__name__):
             noted[name] = state
@@ -65,7 +66,7 @@ def test_a_job_end_reads_the_engines_state_once_for_the_watch_and_the_calibratio
         monkeypatch.setattr(module, "note_job_end", note)
     job = run_job()
     assert noted[layout_watch.__name__] is noted[recording.__name__]  # one read, handed to both
-    assert noted[layout_watch.__name__]["fingerprint"] == live_engine.state()["fingerprint"]
+    assert noted[layout_watch.__name__].fingerprint == live_engine.state()["fingerprint"]
     assert job.layout_observations.count() == 1 and JobPrediction.objects.filter(job=job).exists()
 
 
