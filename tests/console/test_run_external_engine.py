@@ -12,14 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-
-from e2e_stack import RedisServer, free_port, fresh_database, launch, stack_env, stop  # noqa: E402
-from live_service import LiveService  # noqa: E402
-
-from launch.engine import check_external_engine  # noqa: E402
-from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV  # noqa: E402
+from launch.engine import check_external_engine
+from solvers.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
+from tests.support.live_service import LiveService, free_port
+from tests.support.stack import RedisServer, fresh_database, launch, stack_env, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_ROLES = {"bridge": ("telemetry_bridge",), "worker": ("celery", "worker"), "beat": ("celery", "beat"),

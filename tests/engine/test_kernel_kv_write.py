@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpret import run_interpreted
 
 from engine.ops.attention import PagedMetadata, write_kv
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP8 = torch.float8_e4m3fn

@@ -13,7 +13,6 @@ import time
 
 import httpx
 import pytest
-from live_service import LiveService, run_concurrently
 
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
@@ -21,6 +20,7 @@ from engine.runtime.sampler import SamplingParams
 from engine.serve.openai_api import render_chat
 from engine.telemetry.publisher import USED_CATEGORIES
 from solvers.measurement import STEP_KINDS, LayoutMeasurement
+from tests.support.live_service import LiveService, run_concurrently
 
 MAX_MODEL_LEN = 2048  # the cpu-demo rig's shape
 TEXT_PROMPT = "The operator asks which rank binds the pool"

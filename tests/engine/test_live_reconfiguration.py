@@ -11,12 +11,12 @@ import uuid
 
 import pytest
 import redis
-from live_service import LiveService, run_concurrently
 
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
 from engine.runtime.sampler import SamplingParams
 from solvers.measurement import LayoutMeasurement
+from tests.support.live_service import LiveService, run_concurrently
 
 MAX_TOKENS = 24
 

@@ -15,9 +15,6 @@ from unittest import mock
 
 import pytest
 import torch
-from engine_checkpoints import CASES
-from interpret import run_interpreted
-from test_gpu_paths import _cache_case
 
 from engine.config import ModelConfig
 from engine.layers.attention import Attention
@@ -27,6 +24,9 @@ from engine.layers.step import LayerStep
 from engine.ops.attention import PagedMetadata, paged_attention
 from engine.ops.paged_decode import gate_output, torch_paged_decode
 from engine.step_plan import DecodeBatch, StepContext
+from tests.engine.test_gpu_paths import _cache_case
+from tests.support.engine_checkpoints import CASES
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP32, FP16, BF16 = 1e-5, 1e-3, 1e-2

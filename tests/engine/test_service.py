@@ -20,7 +20,6 @@ import time
 import types
 
 import pytest
-from live_service import lone_head
 from starlette.testclient import TestClient
 
 from engine.control.protocol import ApplyRefused, RequestHandle
@@ -31,6 +30,7 @@ from engine.serve.http import build_app
 from engine.serve.openai_api import IncrementalText
 from solvers.attestation import bearer_token, sign_attestation
 from solvers.errors import SolverError
+from tests.support.live_service import lone_head
 
 CREDENTIALS = Credentials(control_token="test-control-token", approval_key="test-approval-key")
 JOB_IDS = itertools.count(1)

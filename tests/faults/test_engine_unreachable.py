@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 
-import live_service
 import pytest
-from fault_helpers import operations_total, wait_until
-from job_helpers import actions, other_cut, wait_for_end
 
 from console.jobs import services, worker
 from console.jobs.tasks import run_job
+from tests.support import live_service
+from tests.support.faults import operations_total, wait_until
+from tests.support.jobs import actions, other_cut, wait_for_end
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -11,9 +11,10 @@ import threading
 import time
 
 import pytest
-from fault_helpers import operations_total, rank_held, rank_pids, wait_until
-from job_helpers import other_cut
-from live_service import LiveService
+
+from tests.support.faults import operations_total, rank_held, rank_pids, wait_until
+from tests.support.jobs import other_cut
+from tests.support.live_service import LiveService
 
 pytestmark = pytest.mark.slow
 

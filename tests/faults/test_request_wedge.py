@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from fault_helpers import operations_total, wait_until
-from live_service import LiveService
 
 from engine.control.health import MAX_RECOVERIES_IN_A_ROW
 from engine.control.operations import KEEP_FINISHED, Operation, Operations
+from tests.support.faults import operations_total, wait_until
+from tests.support.live_service import LiveService
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,8 @@ refused: the spent-job ledger is on disk (issue 30, item 1; engine/control/job_l
 from __future__ import annotations
 
 import pytest
-from live_service import LiveService
+
+from tests.support.live_service import LiveService
 
 pytestmark = pytest.mark.slow
 

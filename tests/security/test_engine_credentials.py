@@ -13,10 +13,10 @@ import sys
 import time
 
 import pytest
-from live_service import ROOT, LiveService, free_port, lone_head
 
 from engine.serve.access import Credentials, exposure_notices
 from solvers.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
+from tests.support.live_service import ROOT, LiveService, free_port, lone_head
 
 API_KEY = "test-api-key"
 SOME_HASH = "ab" * 32

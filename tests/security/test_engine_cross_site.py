@@ -8,10 +8,10 @@ package send) are served.
 from __future__ import annotations
 
 import pytest
-from live_service import LiveService
 
 from engine.cli import build_parser
 from engine.serve.cross_site import AllowedHosts, host_name
+from tests.support.live_service import LiveService
 
 PROMPT = {"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}

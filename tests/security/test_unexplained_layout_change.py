@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from job_helpers import move_engine, other_cut
 
 from console.audit.models import AuditEvent
 from console.calibration import recording
 from console.calibration.models import JobPrediction
 from console.jobs import layout_watch, services, worker
 from console.jobs.layout_watch import UNEXPLAINED_CHANGE
+from tests.support.jobs import move_engine, other_cut
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

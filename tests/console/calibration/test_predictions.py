@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-from calibration_helpers import URL, end_job, executed_job, measurement, stages, state_of
 
 from console.calibration import predictions, recording
 from console.calibration.models import JobPrediction
@@ -17,6 +16,7 @@ from console.jobs.models import Job
 from solvers.census import load_census
 from solvers.frontier import default_timing
 from solvers.rig import load_rig
+from tests.support.calibration import URL, end_job, executed_job, measurement, stages, state_of
 
 pytestmark = pytest.mark.django_db
 

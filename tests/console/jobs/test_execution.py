@@ -6,8 +6,6 @@ from datetime import timedelta
 import httpx
 import pytest
 from django.utils import timezone
-from job_helpers import actions, apply_as_the_worker, at_once, move_engine
-from live_service import LiveService, free_port
 
 from console.audit.models import AuditEvent
 from console.jobs import services, worker
@@ -15,6 +13,8 @@ from console.jobs.engine_client import EngineClient
 from console.jobs.errors import Conflict
 from console.jobs.models import Approval, Job
 from solvers.attestation import verify_attestation
+from tests.support.jobs import actions, apply_as_the_worker, at_once, move_engine
+from tests.support.live_service import LiveService, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
