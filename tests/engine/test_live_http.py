@@ -43,6 +43,8 @@ def llm(checkpoint):
 
 @pytest.fixture(scope="module")
 def service(checkpoint):
+    # Not the run's shared engine, which the job tests move: these tests read the incumbent layout (cut 7,5,4) and
+    # the model's name, and end by stopping it cleanly.
     live = LiveService(checkpoint)
     yield live
     assert live.stop() in (0, -15)

@@ -51,6 +51,7 @@ def channel():
 
 @pytest.fixture(scope="module")
 def service(checkpoint, channel):
+    # Not the run's shared engine: these tests reconfigure it under load and read its telemetry channel.
     live = LiveService(checkpoint, redis_url=REDIS_URL, channel=channel)
     yield live
     assert live.stop() in (0, -15)

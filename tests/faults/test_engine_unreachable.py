@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def test_a_job_run_while_the_engine_is_down_fails_naming_it_and_is_not_retried(demo_checkpoint, workers, settings,
                                                                                 operator, reviewer, monkeypatch):
-    engine = live_service.LiveService(demo_checkpoint)
+    engine = live_service.LiveService(demo_checkpoint)  # of its own: stopped and started again below
     settings.ENGINE_URL = engine.url
     first_layout = engine.state()["fingerprint"]
     job = services.propose(operator, {"kind": "cut", "target": {"cut": other_cut(engine)}})

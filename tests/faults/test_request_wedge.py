@@ -26,6 +26,8 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def engine(demo_checkpoint):
+    # Not the run's shared engine: this one is started with fault injection (a sampling fault, a token that fails
+    # every step), which no other test may meet.
     live = LiveService(demo_checkpoint, extra_env={"SEAM_FAULT_SAMPLE_SEED": str(FAULT_SEED),
                                                    "SEAM_FAULT_STEP_TOKEN": str(FAULT_TOKEN)})
     yield live

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_a_captured_apply_does_not_replay_after_a_restart(demo_checkpoint, tmp_path):
     """Pins the ledger's persistence: with the spent ids in memory only, the replay after the restart answered 202
     and moved the layout."""
-    live = LiveService(demo_checkpoint, state_dir=tmp_path / "engine")
+    live = LiveService(demo_checkpoint, state_dir=tmp_path / "engine")  # of its own: restarted below
     try:
         start = live.state()["cut"]
         planned = live.plan("shape", {"max_num_seqs": 5})

@@ -25,6 +25,7 @@ PROMPT = {"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def guarded(demo_checkpoint):
+    # Not the run's shared engine: this one requires an API key on /v1, which the other tests do not send.
     live = LiveService(demo_checkpoint, extra_env={API_KEY_ENV: API_KEY})
     yield live
     live.stop()
