@@ -115,7 +115,7 @@ INTERPRETED = [  # (case, bounds on the q, K cache and V cache distances)
 
 def test_qk_kernel_matches_the_eager_ops_in_the_interpreter():
     lines = "\n".join(f"print(*check_qk({case}), sep='\\n')" for case, _ in INTERPRETED)
-    values = run_interpreted(f"import torch\nfrom test_kernel_qk import FP8, check_qk\n{lines}")
+    values = run_interpreted(f"import torch\nfrom tests.engine.test_kernel_qk import FP8, check_qk\n{lines}")
     assert len(values) == 3 * len(INTERPRETED)
     failed = [(case, values[3 * i:3 * i + 3]) for i, (case, bounds) in enumerate(INTERPRETED)
               if any(value > bound for value, bound in zip(values[3 * i:3 * i + 3], bounds, strict=True))]

@@ -77,7 +77,7 @@ def _check_interpreted(cases: dict[str, float]) -> None:
     """check_decode(case) under the interpreter for each case, within its bound, with the launches the split count
     promises: the decode kernel once, the merge once where there are several splits."""
     lines = "\n".join(f"print(*check_decode({case}), sep='\\n')" for case in cases)
-    values = run_interpreted(f"import torch\nfrom test_paged_decode import check_decode\n{lines}")
+    values = run_interpreted(f"import torch\nfrom tests.engine.test_paged_decode import check_decode\n{lines}")
     assert len(values) == 5 * len(cases)
     for i, (case, bound) in enumerate(cases.items()):
         error, splits, decode, merge, same_dtype = values[5 * i:5 * i + 5]
