@@ -347,6 +347,7 @@ def _layout(prediction, rank: int) -> RankLayout:
                       row.overhead_bytes, row.workspace_bytes, row.floor.bytes, row.margin_bytes)
 
 
+@pytest.mark.slow
 def test_the_rig_run_can_leave_the_ladder_out(tmp_path):
     run = run_rig(tmp_path, "--skip-ladder")
     assert "ladder" not in run["steps"] and run["summary"]["ladder"]["up"]["status"] is None

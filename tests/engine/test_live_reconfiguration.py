@@ -146,6 +146,7 @@ def test_a_tampered_plan_is_refused(service):
     assert reply.status_code == 400 and "plan_hash" in reply.json()["error"]
 
 
+@pytest.mark.slow  # an engine of its own for each fault
 @pytest.mark.parametrize("fault, expect", [
     ({"SEAM_FAULT_CORRUPT_RANK": "1"}, "checksum mismatch"),
     ({"SEAM_FAULT_DIE_RANK": "2"}, "died"),
@@ -166,6 +167,7 @@ def test_a_failed_operation_rolls_back_and_loses_nothing(checkpoint, prompts, ex
         live.stop()
 
 
+@pytest.mark.slow  # an engine of its own, with a ladder armed
 def test_a_ladder_move_under_load_refills_the_arena_and_loses_nothing(checkpoint, prompts, expected):
     live = LiveService(checkpoint, ladder="7,5,4;8,4,4;9,4,3")
     try:

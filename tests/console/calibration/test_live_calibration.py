@@ -14,7 +14,7 @@ from console.jobs import services, worker
 from console.jobs.models import Job
 from tests.support.live_service import LiveService
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # an engine of its own, six moves a test
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16, 17, 18]]
 

@@ -141,6 +141,7 @@ def test_a_stale_plan_ends_stale_without_asking_the_engine_to_apply_it(live_engi
     assert live_engine.state()["fingerprint"] == moved
 
 
+@pytest.mark.slow  # an engine of its own, with a fault
 def test_a_failed_verification_rolls_back_and_the_job_records_both(demo_checkpoint, make_user, settings, handoffs):
     faulty = LiveService(demo_checkpoint, extra_env={"SEAM_FAULT_CORRUPT_RANK": "1"})  # a fault no other test meets
     try:
