@@ -9,12 +9,15 @@ needs an engine configured otherwise, or breaks one on purpose (faults, kills, r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.live_service import LiveService
+
+SETTLE_S = 120  # the longest an operation on the demo engine takes, with room to spare
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +39,12 @@ def engine(demo_checkpoint) -> Iterator[LiveService]:
 
 @pytest.fixture
 def live_engine(engine, settings) -> LiveService:
-    """The engine, with this process's console pointed at it."""
+    """The engine, with this process's console pointed at it, once it serves: an operation an earlier test left
+    running (one that applies a job and does not wait for its end) must not move the layout under this test."""
+    deadline = time.monotonic() + SETTLE_S
+    while (state := engine.state())["phase"] != "serving":
+        assert time.monotonic() < deadline, f"the shared engine is still not serving after {SETTLE_S} s: {state}"
+        time.sleep(0.05)
     settings.ENGINE_URL = engine.url
     return engine
 
