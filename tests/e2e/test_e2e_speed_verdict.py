@@ -17,8 +17,9 @@ import re
 import time
 
 import pytest
-from e2e_browser import log_in
-from e2e_calibration import console_step
+
+from tests.support.browser import log_in
+from tests.support.stack_calibration import console_step
 
 pytestmark = pytest.mark.slow
 

@@ -1,14 +1,12 @@
-"""Engine test fixtures: tiny transformers checkpoints saved once per session (the reference is slow to build)."""
+"""Engine test fixtures: tiny transformers checkpoints saved once per session (the reference is slow to build).
 
-import sys
-from pathlib import Path
+Here, not in tests/support's plugins: benchmarks/gpu.py runs this folder's tests on a GPU machine without Django
+(`--confcutdir tests/engine`), where the root conftest and its plugins are not loaded but this file is.
+"""
 
 import pytest
 
-# Let engine tests import their helper module by name.
-sys.path.insert(0, str(Path(__file__).parent))
-
-from engine_checkpoints import reference_model, save_checkpoint  # noqa: E402
+from tests.support.engine_checkpoints import reference_model, save_checkpoint
 
 
 @pytest.fixture(scope="session")

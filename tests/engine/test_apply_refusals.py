@@ -13,7 +13,6 @@ import itertools
 import time
 
 import pytest
-from live_service import lone_head
 from starlette.testclient import TestClient
 
 from contracts.attestation import bearer_token, sign_attestation
@@ -22,6 +21,7 @@ from engine.demo import make_demo_checkpoint
 from engine.serve.access import Credentials
 from engine.serve.http import build_app
 from solvers.rig import load_rig
+from tests.support.live_service import lone_head
 
 CREDENTIALS = Credentials(control_token="control-token-for-tests", approval_key="approval-key-for-tests")
 JOB_IDS = itertools.count(1)

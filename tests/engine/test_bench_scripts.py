@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.rig_compare import compare, transition
+from benchmarks.rig_steps import Record, Steps
 from engine.config import ModelConfig
 from engine.memory.host_image import HostImage
 from engine.ranks.rank import RankLayout, RankWorker
@@ -27,10 +29,6 @@ from solvers.census import CONFIG_DIR
 from solvers.rig import load_rig
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.rig_compare import compare, transition  # noqa: E402
-from benchmarks.rig_steps import Record, Steps  # noqa: E402
 
 
 def run_rig(out: Path, *extra: str, env: dict | None = None, timeout: float = 600) -> dict:
@@ -350,6 +348,7 @@ def _layout(prediction, rank: int) -> RankLayout:
                       row.overhead_bytes, row.workspace_bytes, row.floor.bytes, row.margin_bytes)
 
 
+@pytest.mark.slow
 def test_the_rig_run_can_leave_the_ladder_out(tmp_path):
     run = run_rig(tmp_path, "--skip-ladder")
     assert "ladder" not in run["steps"] and run["summary"]["ladder"]["up"]["status"] is None

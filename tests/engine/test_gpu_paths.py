@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_checkpoints import TinyRunner, relative_error
 
 from engine.layers.moe import Experts
 from engine.loader import load_model
@@ -17,6 +16,7 @@ from engine.ops import fused, gdn
 from engine.ops.attention import PagedMetadata, paged_attention
 from engine.ops.paged_decode import torch_paged_decode
 from engine.step_plan import StepContext
+from tests.support.engine_checkpoints import TinyRunner, relative_error
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16 = 1e-2
@@ -60,7 +60,7 @@ def test_triton_decode_kernel_matches_the_pytorch_path_in_the_interpreter():
     """Triton's interpreter runs the kernel on CPU tensors: the kernel's indexing and split merge, checked in CI."""
     pytest.importorskip("triton")
     script = (
-        "import torch, sys; sys.path.insert(0, 'tests/engine'); from test_gpu_paths import _cache_case;"
+        "import torch; from tests.engine.test_gpu_paths import _cache_case;"
         "from engine.ops.triton_decode import triton_paged_decode as t;"
         "from engine.ops.paged_decode import torch_paged_decode as r\n"
         "for window in (None, 20):\n"
@@ -275,11 +275,10 @@ def _served_rank(folder: Path, llm, max_num_seqs: int = 4):
 def test_a_served_rank_runs_the_llm_runner_with_decode_graphs(tmp_path):
     """One engine path: a served rank captures decode graphs at its build and yields `LLM`'s greedy tokens, step by
     step through the same StepPlans."""
-    from engine_checkpoints import reference_model, save_checkpoint
-
     from engine.llm import LLM
     from engine.runtime.graphs import graph_sizes
     from engine.runtime.sampler import SamplingParams
+    from tests.support.engine_checkpoints import reference_model, save_checkpoint
 
     folder = save_checkpoint(reference_model("qwen3_next_moe").to(torch.bfloat16), tmp_path / "bf16")
     llm = LLM(folder, device="cuda", dtype=torch.bfloat16, memory="256MiB", max_model_len=256, max_num_seqs=4)
@@ -304,9 +303,8 @@ def test_a_served_rank_runs_the_llm_runner_with_decode_graphs(tmp_path):
 def test_a_rebuild_holds_no_more_than_the_build_before(tmp_path):
     """A rebuild (every live change is one) captures the decode graphs again and leaves nothing of the old layout
     behind: on the H200 rig each rebuild once held 134 MB more, a cuBLAS workspace for every warm-up stream."""
-    from engine_checkpoints import reference_model, save_checkpoint
-
     from engine.llm import LLM
+    from tests.support.engine_checkpoints import reference_model, save_checkpoint
 
     folder = save_checkpoint(reference_model("qwen3_next_moe").to(torch.bfloat16), tmp_path / "bf16")
     llm = LLM(folder, device="cuda", dtype=torch.bfloat16, memory="256MiB", max_model_len=256, max_num_seqs=4)

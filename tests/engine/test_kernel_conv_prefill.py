@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpret import run_interpreted
 
 from engine.ops.conv import conv_decode, conv_forward, conv_prefill, ungroup
 from engine.step_plan import StepContext
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP32, BF16 = 1e-5, 1e-2
@@ -76,7 +76,7 @@ def _check_interpreted(cases: list[str]) -> None:
     """Run check_prefill(case) for each case under the interpreter: outputs and states within FP32, rows outside the
     spans and slots outside them untouched."""
     lines = "\n".join(f"print(*check_prefill({case}), sep='\\n')" for case in cases)
-    values = run_interpreted(f"from test_kernel_conv_prefill import check_prefill\n{lines}")
+    values = run_interpreted(f"from tests.engine.test_kernel_conv_prefill import check_prefill\n{lines}")
     assert len(values) == 4 * len(cases)
     for i, case in enumerate(cases):
         out, state, untouched, stray = values[4 * i:4 * i + 4]

@@ -12,8 +12,6 @@ import copy
 
 import pytest
 import torch
-from engine_checkpoints import CASES
-from interpret import run_interpreted
 
 from engine.config import ModelConfig
 from engine.layers.caches import InMemoryCaches
@@ -22,6 +20,8 @@ from engine.layers.step import LayerStep
 from engine.ops.conv import conv_decode, ungroup
 from engine.ops.gdn import gated_delta_step
 from engine.step_plan import StepContext
+from tests.support.engine_checkpoints import CASES
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP32, BF16 = 1e-5, 1e-2
@@ -113,7 +113,7 @@ def check_gdn(seed: int, seqs: int, num_slots: int, key_heads: int, heads: int, 
 
 def _interpreted(call: str, cases: list[str]) -> list[list[float]]:
     lines = "\n".join(f"print(*{call}({case}), sep='\\n')" for case in cases)
-    values = run_interpreted(f"from test_kernel_gdn import {call}\n{lines}")
+    values = run_interpreted(f"from tests.engine.test_kernel_gdn import {call}\n{lines}")
     return [values[i:i + 3] for i in range(0, len(values), 3)]
 
 

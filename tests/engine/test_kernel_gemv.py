@@ -9,9 +9,9 @@ bias, more than one row), so the CPU reference is untouched.
 import pytest
 import torch
 import torch.nn.functional as F
-from interpret import run_interpreted
 
 from engine.ops.linear import gemv_serves, linear
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -37,7 +37,7 @@ def _report_gemv() -> None:
 
 
 def test_the_gemv_matches_a_float64_matmul_in_the_interpreter():
-    *errors, long_rows_step, rejected = run_interpreted("import test_kernel_gemv as t; t._report_gemv()")
+    *errors, long_rows_step, rejected = run_interpreted("import tests.engine.test_kernel_gemv as t; t._report_gemv()")
     assert len(errors) == 5
     assert max(errors) < 1e-6, errors
     assert long_rows_step == 1024  # the measured tile for K = 4096 (a K the loop covers in four steps)

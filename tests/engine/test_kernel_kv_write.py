@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interpret import run_interpreted
 
 from engine.ops.attention import PagedMetadata, write_kv
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP8 = torch.float8_e4m3fn
@@ -77,7 +77,7 @@ def test_kv_write_kernel_matches_the_index_assignments_in_the_interpreter():
         "5, tokens=9, kv_heads=2, head_dim=64, source_dtype=torch.bfloat16, cache_dtype=FP8, fp8_exact=True",
     ]
     lines = "\n".join(f"print(*check_write({case}), sep='\\n')" for case in cases)
-    values = run_interpreted(f"import torch\nfrom test_kernel_kv_write import FP8, check_write\n{lines}")
+    values = run_interpreted(f"import torch\nfrom tests.engine.test_kernel_kv_write import FP8, check_write\n{lines}")
     assert len(values) == 2 * len(cases)
     assert values == [0.0] * len(values), list(zip(cases, values[::2], values[1::2], strict=True))
 

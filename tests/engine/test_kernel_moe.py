@@ -9,13 +9,13 @@ model's sizes, and inside a CUDA graph.
 
 import pytest
 import torch
-from engine_checkpoints import relative_error
-from interpret import run_interpreted
 from torch import nn
 
 from engine.layers.merge import merge_projections
 from engine.layers.mlp import GatedMLP
 from engine.layers.moe import Experts, SparseMoE
+from tests.support.engine_checkpoints import relative_error
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16 = 1e-2
@@ -133,7 +133,8 @@ def kernel_errors() -> list[float]:
 
 
 def test_each_kernel_matches_the_expert_math_in_the_interpreter():
-    results = run_interpreted("from test_kernel_moe import kernel_errors\nprint(*kernel_errors(), sep='\\n')")
+    results = run_interpreted("from tests.engine.test_kernel_moe import kernel_errors\n"
+                              "print(*kernel_errors(), sep='\\n')")
     errors, unwritten = results[0::2], results[1::2]
     assert len(errors) == 8 and max(errors) <= FP32
     assert unwritten == [0.0] * 8
@@ -155,7 +156,7 @@ def fused_errors() -> list[float]:
 
 
 def test_the_fused_path_matches_the_expert_loop_in_the_interpreter():
-    errors = run_interpreted("from test_kernel_moe import fused_errors\nprint(*fused_errors(), sep='\\n')")
+    errors = run_interpreted("from tests.engine.test_kernel_moe import fused_errors\nprint(*fused_errors(), sep='\\n')")
     assert len(errors) == 15 and max(errors) <= FP32
 
 
@@ -196,7 +197,7 @@ def shared_slot_errors() -> list[float]:
 
 
 def test_the_shared_expert_as_one_more_slot_matches_the_loop_plus_the_shared_mlp_in_the_interpreter():
-    results = run_interpreted("from test_kernel_moe import shared_slot_errors\n"
+    results = run_interpreted("from tests.engine.test_kernel_moe import shared_slot_errors\n"
                               "print(*shared_slot_errors(), sep='\\n')")
     errors, unwritten = results[0::2], results[1::2]
     assert len(errors) == 4 and max(errors) <= FP32

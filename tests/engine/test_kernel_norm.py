@@ -11,8 +11,6 @@ its end.
 
 import pytest
 import torch
-from engine_checkpoints import TinyRunner
-from interpret import run_interpreted
 
 from engine.layers.merge import merge_projections
 from engine.layers.norm import RMSNorm, add_rms_norm, gated_rms_norm, rms_norm, sum_parts
@@ -20,6 +18,8 @@ from engine.layers.step import LayerStep
 from engine.loader import load_model
 from engine.ops import fused
 from engine.ops.attention import PagedMetadata
+from tests.support.engine_checkpoints import TinyRunner
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 EPS = 1e-6
@@ -137,7 +137,7 @@ def _report_gated_rms_norm() -> None:
 
 
 def _interpreted_pairs(function: str) -> list[tuple[float, float]]:
-    values = run_interpreted(f"from test_kernel_norm import {function}; {function}()")
+    values = run_interpreted(f"from tests.engine.test_kernel_norm import {function}; {function}()")
     return list(zip(values[::2], values[1::2], strict=True))
 
 

@@ -24,13 +24,13 @@ from unittest import mock
 
 import pytest
 import torch
-from engine_checkpoints import CASES
-from interpret import run_interpreted
 
 from engine.layers.norm import rms_norm
 from engine.layers.rotary import apply_rotary
 from engine.ops import fused
 from solvers.census import LayerKind
+from tests.support.engine_checkpoints import CASES
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP8 = torch.float8_e4m3fn
@@ -115,7 +115,7 @@ INTERPRETED = [  # (case, bounds on the q, K cache and V cache distances)
 
 def test_qk_kernel_matches_the_eager_ops_in_the_interpreter():
     lines = "\n".join(f"print(*check_qk({case}), sep='\\n')" for case, _ in INTERPRETED)
-    values = run_interpreted(f"import torch\nfrom test_kernel_qk import FP8, check_qk\n{lines}")
+    values = run_interpreted(f"import torch\nfrom tests.engine.test_kernel_qk import FP8, check_qk\n{lines}")
     assert len(values) == 3 * len(INTERPRETED)
     failed = [(case, values[3 * i:3 * i + 3]) for i, (case, bounds) in enumerate(INTERPRETED)
               if any(value > bound for value, bound in zip(values[3 * i:3 * i + 3], bounds, strict=True))]
@@ -190,7 +190,7 @@ def _report_layer_wiring() -> None:
 def test_the_layers_decode_runs_the_kernel_with_the_eager_values_in_the_interpreter():
     """Qwen3-Next (gated, one-centred, partial rotary), Qwen3 (plain norm) and Llama (no norm): the two decode steps
     call the kernel and skip write_kv; the prefill keeps the eager path (one write_kv)."""
-    values = run_interpreted("from test_kernel_qk import _report_layer_wiring; _report_layer_wiring()")
+    values = run_interpreted("from tests.engine.test_kernel_qk import _report_layer_wiring; _report_layer_wiring()")
     assert values == [1.0, 2, 1, 0, 3] * 3, values
 
 
@@ -299,14 +299,13 @@ def test_qk_kernel_replays_in_a_cuda_graph(monkeypatch):
 def decode_kernels(fused_qk: bool) -> tuple[list[str], torch.Tensor]:
     """The CUDA kernels of one batch-1 decode step of Qwen3-Next's merged bf16 attention layer (compiled first), with
     the kernel's gate as the layer has it or shut, and the step's output."""
-    from test_paged_decode import _real_attention_config
-
     from engine.layers.attention import Attention
     from engine.layers.caches import InMemoryCaches
     from engine.layers.rotary import RotaryEmbedding
     from engine.layers.step import LayerStep
     from engine.ops.attention import PagedMetadata
     from engine.step_plan import StepContext
+    from tests.engine.test_paged_decode import _real_attention_config
 
     config = _real_attention_config()
     torch.manual_seed(0)

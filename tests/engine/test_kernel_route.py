@@ -19,9 +19,19 @@ import math
 
 import pytest
 import torch
-from engine_checkpoints import relative_error
-from interpret import run_interpreted
-from moe_layers import BF16, decoder_layer, distinct_logits, gpu_input, gpu_layer, moe_layer, poison_empty, summed
+
+from tests.support.engine_checkpoints import relative_error
+from tests.support.interpret import run_interpreted
+from tests.support.moe_layers import (
+    BF16,
+    decoder_layer,
+    distinct_logits,
+    gpu_input,
+    gpu_layer,
+    moe_layer,
+    poison_empty,
+    summed,
+)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP32 = 1e-5
@@ -94,7 +104,7 @@ def kernel_results() -> list[float]:
 def assert_interpreted_cases_match(results: str, cases: int) -> None:
     """Run `results` (a function of this module returning compare()'s triples) under the interpreter: every case with
     route's ids, align's arrays and route's weights."""
-    values = run_interpreted(f"from test_kernel_route import {results}\nprint(*{results}(), sep='\\n')")
+    values = run_interpreted(f"from tests.engine.test_kernel_route import {results}\nprint(*{results}(), sep='\\n')")
     ids_differ, weight_errors, arrays_differ = values[0::3], values[1::3], values[2::3]
     assert len(ids_differ) == cases
     assert ids_differ == [0.0] * cases and arrays_differ == [0.0] * cases
@@ -127,7 +137,8 @@ def partials_results() -> list[float]:
 
 
 def test_the_router_partials_sum_to_the_logits_in_the_interpreter():
-    results = run_interpreted("from test_kernel_route import partials_results\nprint(*partials_results(), sep='\\n')")
+    results = run_interpreted("from tests.engine.test_kernel_route import partials_results\n"
+                              "print(*partials_results(), sep='\\n')")
     errors, shapes_right, chunks = results[0::3], results[1::3], results[2::3]
     assert len(errors) == 5 and max(errors) <= FP32
     assert shapes_right == [1.0] * 5
@@ -182,7 +193,8 @@ def tie_results() -> list[float]:
 
 
 def test_ties_go_to_the_lower_expert_id_in_the_interpreter():
-    results = run_interpreted("from test_kernel_route import tie_results\nprint(*tie_results(), sep='\\n')")
+    results = run_interpreted("from tests.engine.test_kernel_route import tie_results\n"
+                              "print(*tie_results(), sep='\\n')")
     assert len(results) == 6
     assert results[0::2] == [0.0] * 3 and max(results[1::2]) <= 1e-6
 
@@ -213,7 +225,8 @@ def nan_results() -> list[float]:
 
 
 def test_a_nan_row_gets_nan_weights_and_distinct_ids_in_the_interpreter():
-    results = run_interpreted("from test_kernel_route import nan_results\nprint(*nan_results(), sep='\\n')")
+    results = run_interpreted("from tests.engine.test_kernel_route import nan_results\n"
+                              "print(*nan_results(), sep='\\n')")
     assert results == [1.0] * 10
 
 
@@ -282,7 +295,8 @@ def layer_errors() -> list[float]:
 
 
 def test_the_layer_on_the_triton_path_matches_the_expert_loop_in_the_interpreter():
-    results = run_interpreted("from test_kernel_route import layer_errors\nprint(*layer_errors(), sep='\\n')")
+    results = run_interpreted("from tests.engine.test_kernel_route import layer_errors\n"
+                              "print(*layer_errors(), sep='\\n')")
     errors, linear_calls = results[:9], results[9:]
     assert len(errors) == 9 and max(errors) <= FP32
     assert linear_calls == [0.0] * 4  # the router's GEMV is the routing kernels' partials: no F.linear
@@ -293,7 +307,7 @@ def test_the_layer_on_the_triton_path_matches_the_expert_loop_in_the_interpreter
 
 @cuda
 def test_route_and_align_on_the_gpu():
-    import test_kernel_route as me
+    from tests.engine import test_kernel_route as me
 
     # From logits: one launch (a tile: 16 tokens, 8 at 512 experts) and two, up to the bounds.
     for tokens, num_experts, top_k in ((1, 512, 10), (16, 512, 10), (64, 512, 10), (256, 512, 10), (128, 32, 8),

@@ -18,12 +18,12 @@ Qwen3-Next's sizes, on the GPU.
 
 import pytest
 import torch
-from engine_checkpoints import relative_error
-from interpret import run_interpreted
-from moe_layers import BF16, EPS, decoder_layer, gpu_layer, moe_layer, poison_empty
 
 from engine.layers.decoder import DecoderLayer
 from engine.layers.moe import SparseMoE
+from tests.support.engine_checkpoints import relative_error
+from tests.support.interpret import run_interpreted
+from tests.support.moe_layers import BF16, EPS, decoder_layer, gpu_layer, moe_layer, poison_empty
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7}
@@ -84,7 +84,8 @@ def assert_folds_match(results: list[float], dtypes: list[torch.dtype], bf16_ulp
 
 
 def test_the_folded_norm_gives_the_norm_kernels_rows_and_partials_in_the_interpreter():
-    results = run_interpreted("from test_kernel_router_norm import fold_results\nprint(*fold_results(), sep='\\n')")
+    results = run_interpreted("from tests.engine.test_kernel_router_norm import fold_results\n"
+                              "print(*fold_results(), sep='\\n')")
     assert_folds_match(results, [torch.float32] * 6 + [torch.bfloat16] * 7, bf16_ulps=0.0)  # exact here
 
 
@@ -137,7 +138,8 @@ def layer_results() -> list[float]:
 
 
 def test_a_decoder_layer_with_the_norm_folded_matches_it_unfolded_in_the_interpreter():
-    results = run_interpreted("from test_kernel_router_norm import layer_results\nprint(*layer_results(), sep='\\n')")
+    results = run_interpreted("from tests.engine.test_kernel_router_norm import layer_results\n"
+                              "print(*layer_results(), sep='\\n')")
     assert len(results) == 16
     folds, errors, residual_differs, written = results[0::4], results[1::4], results[2::4], results[3::4]
     assert folds == [1.0] * 4 and max(errors) <= 1e-5 and residual_differs == [0.0] * 4 and written == [0.0] * 4

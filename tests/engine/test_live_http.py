@@ -13,7 +13,6 @@ import time
 
 import httpx
 import pytest
-from live_service import LiveService, run_concurrently
 
 from contracts.measurement import STEP_KINDS, LayoutMeasurement
 from engine.demo import make_demo_checkpoint
@@ -21,6 +20,7 @@ from engine.llm import LLM
 from engine.runtime.sampler import SamplingParams
 from engine.serve.openai_api import render_chat
 from engine.telemetry.publisher import USED_CATEGORIES
+from tests.support.live_service import LiveService, run_concurrently
 
 MAX_MODEL_LEN = 2048  # the cpu-demo rig's shape
 TEXT_PROMPT = "The operator asks which rank binds the pool"
@@ -43,6 +43,8 @@ def llm(checkpoint):
 
 @pytest.fixture(scope="module")
 def service(checkpoint):
+    # Not the run's shared engine, which the job tests move: these tests read the incumbent layout (cut 7,5,4) and
+    # the model's name, and end by stopping it cleanly.
     live = LiveService(checkpoint)
     yield live
     assert live.stop() in (0, -15)

@@ -11,7 +11,6 @@ import uuid
 
 import pytest
 import redis
-from live_service import LiveService, run_concurrently
 
 from contracts.control import EngineState, Health, Operation, OperationList, OperationStatus
 from contracts.measurement import LayoutMeasurement
@@ -20,6 +19,7 @@ from contracts.telemetry import Snapshot, telemetry_keys
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
 from engine.runtime.sampler import SamplingParams
+from tests.support.live_service import LiveService, run_concurrently
 
 MAX_TOKENS = 24
 
@@ -54,6 +54,7 @@ def channel():
 
 @pytest.fixture(scope="module")
 def service(checkpoint, channel):
+    # Not the run's shared engine: these tests reconfigure it under load and read its telemetry channel.
     live = LiveService(checkpoint, redis_url=REDIS_URL, channel=channel)
     yield live
     assert live.stop() in (0, -15)
@@ -148,6 +149,7 @@ def test_a_tampered_plan_is_refused(service):
     assert reply.status_code == 400 and "plan_hash" in reply.json()["error"]
 
 
+@pytest.mark.slow  # an engine of its own for each fault
 @pytest.mark.parametrize("fault, expect", [
     ({"SEAM_FAULT_CORRUPT_RANK": "1"}, "checksum mismatch"),
     ({"SEAM_FAULT_DIE_RANK": "2"}, "died"),
@@ -168,6 +170,7 @@ def test_a_failed_operation_rolls_back_and_loses_nothing(checkpoint, prompts, ex
         live.stop()
 
 
+@pytest.mark.slow  # an engine of its own, with a ladder armed
 def test_a_ladder_move_under_load_refills_the_arena_and_loses_nothing(checkpoint, prompts, expected):
     live = LiveService(checkpoint, ladder="7,5,4;8,4,4;9,4,3")
     try:

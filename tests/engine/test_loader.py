@@ -5,12 +5,12 @@ import shutil
 
 import pytest
 import torch
-from engine_checkpoints import TinyRunner, relative_error, save_checkpoint
 from safetensors.torch import load_file, save_file
 
 from engine.config import ModelConfig
 from engine.errors import EngineConfigError, EngineLoadError
 from engine.loader import load_model
+from tests.support.engine_checkpoints import TinyRunner, relative_error, save_checkpoint
 
 PROMPT = [5, 17, 99, 3, 42, 64, 7, 120, 33]
 

@@ -17,14 +17,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from benchmarks.multi_gpu_case import FULL_MODEL, full_case, planner_view
 from engine.ranks.group import RankGroup
 from solvers.census import CONFIG_DIR
 from solvers.rig import load_rig
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.multi_gpu_case import FULL_MODEL, full_case, planner_view  # noqa: E402
 
 INCUMBENT, OTHERS = [7, 5, 4], [[8, 4, 4], [9, 3, 4]]
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -15,9 +15,6 @@ from unittest import mock
 
 import pytest
 import torch
-from engine_checkpoints import CASES
-from interpret import run_interpreted
-from test_gpu_paths import _cache_case
 
 from engine.config import ModelConfig
 from engine.layers.attention import Attention
@@ -27,6 +24,9 @@ from engine.layers.step import LayerStep
 from engine.ops.attention import PagedMetadata, paged_attention
 from engine.ops.paged_decode import gate_output, torch_paged_decode
 from engine.step_plan import DecodeBatch, StepContext
+from tests.engine.test_gpu_paths import _cache_case
+from tests.support.engine_checkpoints import CASES
+from tests.support.interpret import run_interpreted
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FP32, FP16, BF16 = 1e-5, 1e-3, 1e-2
@@ -77,7 +77,7 @@ def _check_interpreted(cases: dict[str, float]) -> None:
     """check_decode(case) under the interpreter for each case, within its bound, with the launches the split count
     promises: the decode kernel once, the merge once where there are several splits."""
     lines = "\n".join(f"print(*check_decode({case}), sep='\\n')" for case in cases)
-    values = run_interpreted(f"import torch\nfrom test_paged_decode import check_decode\n{lines}")
+    values = run_interpreted(f"import torch\nfrom tests.engine.test_paged_decode import check_decode\n{lines}")
     assert len(values) == 5 * len(cases)
     for i, (case, bound) in enumerate(cases.items()):
         error, splits, decode, merge, same_dtype = values[5 * i:5 * i + 5]

@@ -7,10 +7,10 @@ import copy
 
 import pytest
 import torch
-from engine_checkpoints import CASES, VOCAB, TinyRunner, relative_error
 
 from engine.loader import load_model
 from engine.ops.gdn import gated_delta_chunked, gated_delta_step
+from tests.support.engine_checkpoints import CASES, VOCAB, TinyRunner, relative_error
 
 TOLERANCE = 1e-4
 DECODE_STEPS = 8

@@ -20,7 +20,6 @@ import time
 import types
 
 import pytest
-from live_service import lone_head
 from starlette.testclient import TestClient
 
 from contracts.attestation import bearer_token, sign_attestation
@@ -35,6 +34,7 @@ from engine.serve.access import Credentials
 from engine.serve.http import build_app
 from engine.serve.openai_api import IncrementalText
 from solvers.errors import SolverError
+from tests.support.live_service import lone_head
 
 SNAPSHOT = Snapshot(seq=7, ts=1.0, ranks=(), engine=EngineSnapshot(
     cut=Cut((2, 2)), shape={}, phase="serving", running=0, waiting=0, prefill_tok_s=0.0, decode_tok_s=0.0,

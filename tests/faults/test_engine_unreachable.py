@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import time
 
-import live_service
 import pytest
-from fault_helpers import operations_total, wait_until
-from job_helpers import actions, other_cut, wait_for_end
 
 from console.jobs import lifecycle, worker
 from console.jobs.tasks import run_job
+from tests.support import live_service
+from tests.support.faults import operations_total, wait_until
+from tests.support.jobs import actions, other_cut, wait_for_end
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def test_a_job_run_while_the_engine_is_down_fails_naming_it_and_is_not_retried(demo_checkpoint, workers, settings,
                                                                                 operator, reviewer, monkeypatch):
-    engine = live_service.LiveService(demo_checkpoint)
+    engine = live_service.LiveService(demo_checkpoint)  # of its own: stopped and started again below
     settings.ENGINE_URL = engine.url
     first_layout = engine.state()["fingerprint"]
     job = lifecycle.propose(operator, {"kind": "cut", "target": {"cut": other_cut(engine)}})

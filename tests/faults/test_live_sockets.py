@@ -5,18 +5,13 @@ Both closed sockets with 1011 before the settings raised redis-py's socket timeo
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 from channels.testing import WebsocketCommunicator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "console" / "live"))
-
-from live_helpers import TIMEOUT_S, login_headers, request, run, subscribe, wake_receivers  # noqa: E402
-
-from console.asgi import application  # noqa: E402
+from console.asgi import application
+from tests.support.live import TIMEOUT_S, login_headers, request, run, subscribe, wake_receivers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,16 +5,12 @@ lock when they begin) in console/settings.py."""
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-from e2e_stack import running_stack  # noqa: E402
+from tests.support.stack import running_stack
 
 pytestmark = pytest.mark.slow
 JOBS = 8

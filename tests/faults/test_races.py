@@ -4,14 +4,14 @@ wins. Real threads released by a barrier, a real database (SQLite file or Postgr
 from __future__ import annotations
 
 import pytest
-from fault_helpers import operations_total, wait_until
-from job_helpers import actions, at_once, other_cut, wait_for_end
 from rest_framework.test import APIClient
 
 from console.accounts.tokens import issue_token
 from console.jobs import lifecycle, worker
 from console.jobs.models import Approval, Job
 from console.jobs.tasks import run_job
+from tests.support.faults import operations_total, wait_until
+from tests.support.jobs import actions, at_once, other_cut, wait_for_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from fault_helpers import Requests, operation_phase, rank_held, rank_pids, sigkill, wait_until, waiting_requests
-from job_helpers import other_cut, wait_for_end
-from live_service import LiveService
 
 from console.audit.models import AuditEvent
 from console.jobs import lifecycle
 from console.jobs.models import Job
+from tests.support.faults import Requests, operation_phase, rank_held, rank_pids, sigkill, wait_until, waiting_requests
+from tests.support.jobs import other_cut, wait_for_end
+from tests.support.live_service import LiveService
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

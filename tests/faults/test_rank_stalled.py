@@ -11,9 +11,10 @@ import threading
 import time
 
 import pytest
-from fault_helpers import operations_total, rank_held, rank_pids, wait_until
-from job_helpers import other_cut
-from live_service import LiveService
+
+from tests.support.faults import operations_total, rank_held, rank_pids, wait_until
+from tests.support.jobs import other_cut
+from tests.support.live_service import LiveService
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +25,7 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def engine(demo_checkpoint):
+    # Not the run's shared engine: short step, build and pipeline timeouts, and ranks these tests stall and replace.
     live = LiveService(demo_checkpoint, extra_env={"SEAM_STEP_TIMEOUT_S": str(STEP_TIMEOUT_S),
                                                    "SEAM_BUILD_TIMEOUT_S": str(BUILD_TIMEOUT_S),
                                                    "SEAM_PIPELINE_TIMEOUT_S": str(PIPELINE_TIMEOUT_S)})
@@ -128,7 +130,7 @@ class Completion:
 def doomed_engine(demo_checkpoint):
     """An engine whose last rank fails every step with token 0 in it: the test step of a recovery uses token 0, so
     every layout it restores builds and verifies, and then cannot step (as a layout rebuilt in a closed gloo group)."""
-    live = LiveService(demo_checkpoint, extra_env={"SEAM_FAULT_STEP_TOKEN": "0"})
+    live = LiveService(demo_checkpoint, extra_env={"SEAM_FAULT_STEP_TOKEN": "0"})  # a fault of its own
     yield live
     live.stop()
 

@@ -7,13 +7,13 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from fault_helpers import operation_phase, operations_total, rank_held, rank_pids, wait_until
-from job_helpers import actions, apply_as_the_worker, other_cut
-from live_service import free_port
 
 from console.audit.models import AuditEvent
 from console.jobs import lifecycle, worker
 from console.jobs.models import Job
+from tests.support.faults import operation_phase, operations_total, rank_held, rank_pids, wait_until
+from tests.support.jobs import actions, apply_as_the_worker, other_cut
+from tests.support.live_service import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,19 +11,15 @@ first, the engine's publisher or the page: it is printed, not asserted)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import redis
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-from e2e_browser import WATCH_SCRIPT, SocketLog, chromium, log_in, seen  # noqa: E402
-from e2e_pages import current_seq, wait_for_seq_above  # noqa: E402
-from e2e_stack import Stack, running_stack  # noqa: E402
+from tests.support.browser import WATCH_SCRIPT, SocketLog, chromium, log_in, seen
+from tests.support.pages import current_seq, wait_for_seq_above
+from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.slow
 TERMINAL = {"succeeded", "failed", "rolled_back", "rejected", "stale", "cancelled"}

@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from fault_helpers import operations_total, wait_until
-from live_service import LiveService
 
 from engine.control.health import MAX_RECOVERIES_IN_A_ROW
 from engine.control.operations import KEEP_FINISHED, Operation, Operations
+from tests.support.faults import operations_total, wait_until
+from tests.support.live_service import LiveService
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +26,8 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def engine(demo_checkpoint):
+    # Not the run's shared engine: this one is started with fault injection (a sampling fault, a token that fails
+    # every step), which no other test may meet.
     live = LiveService(demo_checkpoint, extra_env={"SEAM_FAULT_SAMPLE_SEED": str(FAULT_SEED),
                                                    "SEAM_FAULT_STEP_TOKEN": str(FAULT_TOKEN)})
     yield live

@@ -11,18 +11,15 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from fault_helpers import wait_until
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-from e2e_stack import RedisServer, Stack, free_port, fresh_database, launch, stack_env, stop  # noqa: E402
-
-from contracts.attestation import CONTROL_TOKEN_ENV, bearer_token  # noqa: E402
+from contracts.attestation import CONTROL_TOKEN_ENV, bearer_token
+from tests.support.faults import wait_until
+from tests.support.live_service import free_port
+from tests.support.stack import RedisServer, Stack, fresh_database, launch, stack_env, stop
 
 pytestmark = pytest.mark.slow
 STREAMS, MAX_TOKENS = 4, 400

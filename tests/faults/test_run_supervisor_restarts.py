@@ -13,9 +13,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fault_helpers import wait_until
 
 from launch.supervisor import RestartPolicy, Supervisor
+from tests.support.faults import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 FAILS_AT_ONCE = [sys.executable, "-c", "raise SystemExit(3)"]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from fault_helpers import operation_phase, operations_total, rank_held, rank_pids, sigkill, wait_until
-from job_helpers import actions, other_cut, wait_for_end
 
 from console.audit.models import AuditEvent
 from console.jobs import lifecycle
 from console.jobs.models import Job
 from console.jobs.tasks import reconcile_jobs
+from tests.support.faults import operation_phase, operations_total, rank_held, rank_pids, sigkill, wait_until
+from tests.support.jobs import actions, other_cut, wait_for_end
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -4,7 +4,8 @@ refused: the spent-job ledger is on disk (issue 30, item 1; engine/control/job_l
 from __future__ import annotations
 
 import pytest
-from live_service import LiveService
+
+from tests.support.live_service import LiveService
 
 pytestmark = pytest.mark.slow
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_a_captured_apply_does_not_replay_after_a_restart(demo_checkpoint, tmp_path):
     """Pins the ledger's persistence: with the spent ids in memory only, the replay after the restart answered 202
     and moved the layout."""
-    live = LiveService(demo_checkpoint, state_dir=tmp_path / "engine")
+    live = LiveService(demo_checkpoint, state_dir=tmp_path / "engine")  # of its own: restarted below
     try:
         start = live.state()["cut"]
         planned = live.plan("shape", {"max_num_seqs": 5})

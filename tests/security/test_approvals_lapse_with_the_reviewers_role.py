@@ -9,12 +9,12 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import Group
 from django.utils import timezone
-from job_helpers import other_cut
 
 from console.audit.models import AuditEvent
 from console.jobs import lifecycle, worker
 from console.jobs.attestation import APPROVAL_UNVERIFIED
 from console.jobs.models import Approval
+from tests.support.jobs import other_cut
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

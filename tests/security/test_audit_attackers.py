@@ -17,7 +17,6 @@ import time
 import pytest
 from django.core.management import call_command
 from django.db import connection
-from job_helpers import apply_as_the_worker, other_cut
 
 from console.audit.anchor import anchor_mac, anchor_path
 from console.audit.chain import compute_hash, event_content
@@ -30,6 +29,7 @@ from console.jobs.models import Job
 from contracts.attestation import AuditHead, sign_attestation
 from contracts.canonical import canonical_json
 from contracts.control import WitnessedHead
+from tests.support.jobs import apply_as_the_worker, other_cut
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TRIGGER = "audit_auditevent_append_only"

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
-from live_helpers import live_socket, login_headers, request, run
 from rest_framework.test import APIClient
 
 from console.audit.models import AuditEvent
 from console.jobs.models import Approval, Job
+from tests.support.live import live_socket, login_headers, request, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

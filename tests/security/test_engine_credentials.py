@@ -13,10 +13,10 @@ import sys
 import time
 
 import pytest
-from live_service import ROOT, LiveService, free_port, lone_head
 
 from contracts.attestation import API_KEY_ENV, APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token, sign_attestation
 from engine.serve.access import Credentials, exposure_notices
+from tests.support.live_service import ROOT, LiveService, free_port, lone_head
 
 API_KEY = "test-api-key"
 SOME_HASH = "ab" * 32
@@ -25,6 +25,7 @@ PROMPT = {"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def guarded(demo_checkpoint):
+    # Not the run's shared engine: this one requires an API key on /v1, which the other tests do not send.
     live = LiveService(demo_checkpoint, extra_env={API_KEY_ENV: API_KEY})
     yield live
     live.stop()

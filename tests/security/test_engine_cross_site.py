@@ -8,10 +8,10 @@ package send) are served.
 from __future__ import annotations
 
 import pytest
-from live_service import LiveService
 
 from engine.cli import build_parser
 from engine.serve.cross_site import AllowedHosts, host_name
+from tests.support.live_service import LiveService
 
 PROMPT = {"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
@@ -75,6 +75,7 @@ def test_json_with_parameters_or_in_capitals_is_served(engine, content_type):
 @pytest.mark.slow
 def test_allowed_hosts_adds_names_to_v1(demo_checkpoint):
     """`engine serve --allowed-hosts` reaches the gate: its names are served, others still refused by name."""
+    # An engine of its own: the flag under test is given at start.
     live = LiveService(demo_checkpoint, rig="cpu-single", extra_args=("--allowed-hosts", "engine.lan,10.0.0.5"))
     try:
         for host in ("engine.lan", f"Engine.LAN:{live.port}", "10.0.0.5", "localhost"):

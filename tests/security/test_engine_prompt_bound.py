@@ -10,11 +10,11 @@ the test sees whether the checkpoint's real tokenizer was ever asked.
 from __future__ import annotations
 
 import pytest
-from held_tokenizer import HeldTokenizer
 from starlette.testclient import TestClient
 
 from engine.serve.access import Credentials
 from engine.serve.http import build_app
+from tests.support.held_tokenizer import HeldTokenizer
 
 SEVEN_POINT_NINE_MB = 7_900_000
 

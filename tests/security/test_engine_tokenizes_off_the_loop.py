@@ -16,13 +16,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from held_tokenizer import HeldTokenizer
 from starlette.testclient import TestClient
 
 from contracts.attestation import bearer_token
 from engine.runtime.text import CheckpointText
 from engine.serve.access import Credentials
 from engine.serve.http import build_app
+from tests.support.held_tokenizer import HeldTokenizer
 
 CREDENTIALS = Credentials(control_token="control-token-for-tests")
 TEXT = "Which rank binds the pool, and how many tokens does it hold? "  # about 1000 tokens, times 60

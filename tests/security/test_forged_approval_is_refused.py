@@ -9,7 +9,6 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from job_helpers import other_cut, wait_for_end
 
 from console.audit.chain import compute_hash, event_content
 from console.audit.models import AuditEvent, ChainScheme
@@ -17,6 +16,7 @@ from console.audit.services import verify_chain
 from console.jobs import lifecycle, worker
 from console.jobs.attestation import APPROVAL_UNVERIFIED
 from console.jobs.models import Approval, Job
+from tests.support.jobs import other_cut, wait_for_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,12 +9,12 @@ import json
 import pytest
 from django.conf import settings
 from django.core.cache import cache
-from login_users import PASSWORD
 
 from console.accounts import signals
 from console.api.views import TokenView
 from console.audit.models import AuditEvent
 from console.audit.services import verify_chain
+from tests.support.users import PASSWORD
 
 pytestmark = pytest.mark.django_db
 

@@ -18,11 +18,11 @@ from asgiref.sync import async_to_sync
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.test import AsyncClient
-from login_users import PASSWORD
 from rest_framework.throttling import ScopedRateThrottle
 
 from console.accounts.models import ApiToken
 from console.api.views import TokenView
+from tests.support.users import PASSWORD
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_throttle_history")]
 

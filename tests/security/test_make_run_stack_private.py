@@ -6,18 +6,14 @@ files still served. Pins issue 30, items 2 (private files, umask) and 8 (key dis
 from __future__ import annotations
 
 import stat
-import sys
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-
-from e2e_stack import PASSWORD, Stack, running_stack  # noqa: E402
-
-from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token  # noqa: E402
+from contracts.attestation import APPROVAL_KEY_ENV, CONTROL_TOKEN_ENV, bearer_token
+from tests.support.stack import PASSWORD, Stack, running_stack
 
 pytestmark = pytest.mark.slow
 SECRETS = {CONTROL_TOKEN_ENV, APPROVAL_KEY_ENV, "SEAM_SECRET_KEY", "SEAM_AUDIT_KEY"}

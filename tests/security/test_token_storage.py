@@ -14,12 +14,12 @@ from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 from django.test import Client
 from django.utils import timezone
-from login_users import PASSWORD
 from rest_framework.test import APIClient
 
 from console.accounts.models import ApiToken
 from console.accounts.tokens import issue_token
 from console.audit.models import AuditEvent
+from tests.support.users import PASSWORD
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_throttle_history")]
 

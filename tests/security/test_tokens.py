@@ -13,12 +13,12 @@ from django.contrib.auth.forms import AdminPasswordChangeForm
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.management import call_command
 from django.utils import timezone
-from login_users import PASSWORD
 from rest_framework.test import APIClient
 
 from console.accounts.models import ApiToken, prefix_of
 from console.accounts.tokens import expires_at, issue_token
 from console.audit.models import AuditEvent
+from tests.support.users import PASSWORD
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_throttle_history")]
 

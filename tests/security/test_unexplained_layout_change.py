@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from job_helpers import move_engine, other_cut
 
 from console.audit.models import AuditEvent
 from console.calibration import recording
@@ -14,6 +13,7 @@ from console.calibration.models import JobPrediction
 from console.jobs import layout_watch, lifecycle, worker
 from console.jobs.layout_watch import UNEXPLAINED_CHANGE
 from contracts.control import EngineState
+from tests.support.jobs import move_engine, other_cut
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

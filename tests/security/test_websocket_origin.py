@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 from channels.testing import WebsocketCommunicator
-from live_helpers import TIMEOUT_S, run, wake_receivers
 
 from console.asgi import application
+from tests.support.live import TIMEOUT_S, run, wake_receivers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,10 +1,10 @@
 import pytest
-from factories import MIB, hybrid_census, make_rig
 
 from solvers.capacity import CutPricer, pp_pool
 from solvers.census import load_census
 from solvers.errors import SolverError
 from solvers.rig import load_rig
+from tests.support.solver_factories import MIB, hybrid_census, make_rig
 
 
 def test_pp_pool_is_the_min_over_ranks_of_hand_computed_allowed_tokens():

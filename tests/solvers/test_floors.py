@@ -1,7 +1,6 @@
-from factories import make_rig
-
 from solvers.floors import arming_floor, corridor_floor
 from solvers.rig import load_rig
+from tests.support.solver_factories import make_rig
 
 MIB = 2**20
 

@@ -1,5 +1,4 @@
 import pytest
-from factories import hybrid_census, make_rig
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,6 +17,7 @@ from solvers.ladder import (
 )
 from solvers.rig import load_rig
 from solvers.timing import calibrate
+from tests.support.solver_factories import hybrid_census, make_rig
 
 FAST, ROOMY = (12, 4), (8, 8)  # on the synthetic rig: FAST pool 5437 at 20 ms, ROOMY pool 8156 at 40 ms
 UP, DOWN = 5000, 4000  # ascend from FAST above 5000 tokens; descend from ROOMY below 4000

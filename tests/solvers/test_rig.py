@@ -3,10 +3,10 @@ import json
 from dataclasses import replace
 
 import pytest
-from factories import rig_dict
 
 from solvers.errors import RigError
 from solvers.rig import builtin_rigs, load_rig, proportional_split, rig_from_dict
+from tests.support.solver_factories import rig_dict
 
 
 @pytest.mark.parametrize("name", ["reference", "h200", "h200x8", "cpu-demo"])

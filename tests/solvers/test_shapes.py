@@ -1,7 +1,6 @@
 from dataclasses import replace
 
 import pytest
-from factories import hybrid_census
 
 from solvers.capacity import pp_pool
 from solvers.census import load_census
@@ -17,6 +16,7 @@ from solvers.shapes import (
     pool_needed,
     tokens,
 )
+from tests.support.solver_factories import hybrid_census
 
 BPT = 1000  # bytes per token in the synthetic cases
 

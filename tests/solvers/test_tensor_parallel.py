@@ -1,8 +1,8 @@
 import pytest
-from factories import hybrid_census, make_rig
 
 from solvers.errors import SolverError
 from solvers.tensor_parallel import tp_pool
+from tests.support.solver_factories import hybrid_census, make_rig
 
 
 def test_a_vector_matched_to_capacity_reaches_the_sum_of_capacities():

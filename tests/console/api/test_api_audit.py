@@ -1,9 +1,9 @@
 import json
 
 import pytest
-from live_service import free_port
 
 from console.audit.services import record
+from tests.support.live_service import free_port
 
 pytestmark = pytest.mark.django_db
 

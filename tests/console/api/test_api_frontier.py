@@ -1,7 +1,8 @@
 """GET /api/v1/frontier/ without an engine to follow (its running layout: tests/console/calibration)."""
 
 import pytest
-from live_service import free_port
+
+from tests.support.live_service import free_port
 
 pytestmark = pytest.mark.django_db
 

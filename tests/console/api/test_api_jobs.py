@@ -159,7 +159,7 @@ def test_engine_down_is_503_with_a_message(operator, post, settings):
 
 
 def _cut(engine):
-    from job_helpers import other_cut
+    from tests.support.jobs import other_cut
 
     return other_cut(engine)
 

@@ -14,13 +14,13 @@ about 0.1%: the engine's real speedup misses it.
 from __future__ import annotations
 
 import pytest
-from job_helpers import move_engine, other_cut
 
 from console.audit.models import AuditEvent
 from console.calibration import recording
 from console.jobs import lifecycle, worker
 from console.jobs.models import Job
 from contracts.control import EngineState
+from tests.support.jobs import move_engine, other_cut
 
 # Committed rows (emptied after each test): job ids keep rising, and the session engine refuses one it has seen.
 pytestmark = pytest.mark.django_db(transaction=True)

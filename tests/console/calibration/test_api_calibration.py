@@ -5,7 +5,8 @@ newest measured one)."""
 from __future__ import annotations
 
 import pytest
-from calibration_helpers import end_job, executed_job, measurement, stages, state_of
+
+from tests.support.calibration import end_job, executed_job, measurement, stages, state_of
 
 pytestmark = pytest.mark.django_db
 

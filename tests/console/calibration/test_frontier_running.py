@@ -6,12 +6,12 @@ one layout has enough repeats."""
 from __future__ import annotations
 
 import pytest
-from calibration_helpers import SHAPE, stages
 
 from contracts.layout import ServingShape
 from solvers.capacity import CutPricer
 from solvers.census import load_census
 from solvers.rig import load_rig
+from tests.support.calibration import SHAPE, stages
 
 pytestmark = pytest.mark.django_db
 

@@ -1,8 +1,8 @@
-"""With the real engine (the session's, three CPU ranks): two cut changes run as real jobs (propose -> approve ->
-execute in this process, as tests/console/jobs/test_execution.py does), with completions sent at each layout and a
-measurement recorded there. Afterwards the frontier's incumbent is the engine's running cut, calibration reports the
-ranks the changes moved as identified, and the predictions list both jobs with the measured pool equal to the
-predicted one. The engine is shared: the cuts are chosen relative to whatever layout it runs."""
+"""With a real engine (three CPU ranks): two cut changes run as real jobs (propose -> approve -> execute in this
+process, as tests/console/jobs/test_execution.py does), with completions sent at each layout and a measurement
+recorded there. Afterwards the frontier's incumbent is the engine's running cut, calibration reports the ranks the
+changes moved as identified, and the predictions list both jobs with the measured pool equal to the predicted one.
+The module's tests share one engine: the cuts are chosen relative to whatever layout it runs."""
 
 from __future__ import annotations
 
@@ -12,10 +12,21 @@ from console.calibration import recording
 from console.calibration.models import JobPrediction, MeasuredLayout
 from console.jobs import lifecycle, worker
 from console.jobs.models import Job
+from tests.support.live_service import LiveService
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # an engine of its own, six moves a test
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16, 17, 18]]
+
+
+@pytest.fixture(scope="module")
+def engine(demo_checkpoint):
+    """Not the run's shared engine: these tests move the cut six times from wherever it starts and check a timing
+    fit across the cuts they visit. Started at the demo's incumbent (7,5,4) they stay near it; from where earlier
+    tests leave the shared engine they reach cuts such as 11,4,1, which the fit prices more than 25% off."""
+    live = LiveService(demo_checkpoint)
+    yield live
+    live.stop()
 
 
 def moved(engine, cut: list[int], ranks: tuple[int, int], seen: list[list[int]]) -> list[int]:

@@ -7,7 +7,8 @@ import json
 import re
 
 import pytest
-from calibration_helpers import end_job, executed_job, measurement, stages, state_of
+
+from tests.support.calibration import end_job, executed_job, measurement, stages, state_of
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-from calibration_helpers import URL, end_job, executed_job, measurement, stages, state_of
 
 from console.calibration import predictions, recording
 from console.calibration.models import JobPrediction
@@ -18,6 +17,7 @@ from contracts.control import EngineState
 from solvers.census import load_census
 from solvers.frontier import default_timing
 from solvers.rig import load_rig
+from tests.support.calibration import URL, end_job, executed_job, measurement, stages, state_of
 
 pytestmark = pytest.mark.django_db
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from calibration_helpers import URL, FakeEngine, measurement, state_of
 
 from console.calibration import recording
 from console.calibration.models import MeasuredLayout
 from contracts.control import EngineState
+from tests.support.calibration import URL, FakeEngine, measurement, state_of
 
 pytestmark = pytest.mark.django_db
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from calibration_helpers import end_job, executed_job, measurement, stages, state_of
 
 from console.audit.models import AuditEvent
 from console.calibration.models import JobPrediction
 from console.jobs import verdicts, webhooks
 from console.jobs.models import Job
+from tests.support.calibration import end_job, executed_job, measurement, stages, state_of
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,6 @@ from datetime import timedelta
 import httpx
 import pytest
 from django.utils import timezone
-from job_helpers import actions, apply_as_the_worker, at_once, move_engine
-from live_service import LiveService, free_port
 
 from console.audit.models import AuditEvent
 from console.engine import EngineClient
@@ -15,6 +13,8 @@ from console.jobs import lifecycle, worker
 from console.jobs.errors import Conflict
 from console.jobs.models import Approval, Job
 from contracts.attestation import verify_attestation
+from tests.support.jobs import actions, apply_as_the_worker, at_once, move_engine
+from tests.support.live_service import LiveService, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -141,8 +141,9 @@ def test_a_stale_plan_ends_stale_without_asking_the_engine_to_apply_it(live_engi
     assert live_engine.state()["fingerprint"] == moved
 
 
+@pytest.mark.slow  # an engine of its own, with a fault
 def test_a_failed_verification_rolls_back_and_the_job_records_both(demo_checkpoint, make_user, settings, handoffs):
-    faulty = LiveService(demo_checkpoint, extra_env={"SEAM_FAULT_CORRUPT_RANK": "1"})
+    faulty = LiveService(demo_checkpoint, extra_env={"SEAM_FAULT_CORRUPT_RANK": "1"})  # a fault no other test meets
     try:
         settings.ENGINE_URL = faulty.url
         before = faulty.state()

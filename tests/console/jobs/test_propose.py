@@ -1,8 +1,6 @@
 """Proposing a job: the engine prices the plan; the console stores it, its hash and its prediction."""
 
 import pytest
-from job_helpers import other_cut
-from live_service import free_port
 
 from console.audit.errors import AuditWriteRefused
 from console.audit.models import AuditEvent
@@ -10,6 +8,8 @@ from console.jobs import lifecycle
 from console.jobs.errors import Conflict, EngineUnavailable, InvalidProposal, NotAllowed, PlanInfeasible
 from console.jobs.models import Job
 from contracts.plan import plan_hash
+from tests.support.jobs import other_cut
+from tests.support.live_service import free_port
 
 pytestmark = pytest.mark.django_db
 

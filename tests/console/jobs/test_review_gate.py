@@ -6,12 +6,12 @@ from datetime import timedelta
 import pytest
 from django.db import transaction
 from django.utils import timezone
-from job_helpers import actions, at_once, move_engine
 
 from console.audit.errors import AuditWriteRefused
 from console.jobs import lifecycle
 from console.jobs.errors import Conflict, NotAllowed
 from console.jobs.models import Approval, Job
+from tests.support.jobs import actions, at_once, move_engine
 
 pytestmark = pytest.mark.django_db
 

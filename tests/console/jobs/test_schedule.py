@@ -8,7 +8,6 @@ from datetime import timedelta
 import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
-from job_helpers import actions, at_once, move_engine, other_cut, wait_for_end
 from rest_framework.test import APIClient
 
 from console.audit.models import AuditEvent
@@ -16,6 +15,7 @@ from console.celery import app
 from console.jobs import lifecycle
 from console.jobs.models import Approval, Job
 from console.jobs.tasks import queue_scheduled_jobs
+from tests.support.jobs import actions, at_once, move_engine, other_cut, wait_for_end
 
 JOBS = "/api/v1/jobs/"
 

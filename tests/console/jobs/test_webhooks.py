@@ -10,10 +10,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from job_helpers import other_cut
 
 from console.jobs import lifecycle, webhooks
 from console.jobs.models import Job
+from tests.support.jobs import other_cut
 
 KEY = "webhook-test-key"
 

@@ -4,12 +4,12 @@ real Redis broker, applies it to the real engine over HTTP, and the job's page h
 import time
 
 import pytest
-from job_helpers import JobListener, actions, move_engine, other_cut, wait_for_end
 
 from console.audit.models import AuditEvent
 from console.jobs import lifecycle
 from console.jobs.errors import NotAllowed
 from console.jobs.tasks import run_job
+from tests.support.jobs import JobListener, actions, move_engine, other_cut, wait_for_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,10 +4,10 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
-from live_helpers import TIMEOUT_S, live_socket, login_headers, publish, request, run, subscribe, wake_receivers
 
 from console.asgi import application
 from console.live.consumers import CLOSE_UNAUTHENTICATED
+from tests.support.live import TIMEOUT_S, live_socket, login_headers, publish, request, run, subscribe, wake_receivers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,7 +22,7 @@ def test_anonymous_socket_is_closed_with_4401(live_settings):
 
 @pytest.mark.parametrize("origin", ["http://evil.example:8000", "http://127.0.0.1:9999"])
 def test_foreign_origin_is_refused(live_settings, make_user, origin):
-    headers = login_headers(make_user(), origin=origin)
+    headers = login_headers(make_user("viewer"), origin=origin)
 
     async def scenario():
         communicator = WebsocketCommunicator(application, "/ws/live/", headers=headers)
@@ -34,7 +34,7 @@ def test_foreign_origin_is_refused(live_settings, make_user, origin):
 
 
 def test_logged_in_user_subscribes_to_telemetry_and_a_job(live_settings, make_user):
-    headers = login_headers(make_user())
+    headers = login_headers(make_user("viewer"))
 
     async def scenario():
         async with live_socket(headers) as communicator:
@@ -45,7 +45,7 @@ def test_logged_in_user_subscribes_to_telemetry_and_a_job(live_settings, make_us
 
 @pytest.mark.parametrize("groups", [["telemetry"], ["job-42"], ["telemetry", "job-42"]])
 def test_a_user_without_a_console_role_is_refused_every_group(live_settings, make_user, groups):
-    headers = login_headers(make_user("nobody", roles=()))
+    headers = login_headers(make_user(name="nobody"))
 
     async def scenario():
         async with live_socket(headers) as communicator:
@@ -60,7 +60,7 @@ def test_a_user_without_a_console_role_is_refused_every_group(live_settings, mak
 
 def test_a_user_without_a_console_role_cannot_fetch_telemetry(live_settings, make_user, redis_client):
     publish(redis_client, live_settings.TELEMETRY_CHANNEL, 1)
-    headers = login_headers(make_user("nobody", roles=()))
+    headers = login_headers(make_user(name="nobody"))
 
     async def scenario():
         async with live_socket(headers) as communicator:
@@ -70,7 +70,7 @@ def test_a_user_without_a_console_role_cannot_fetch_telemetry(live_settings, mak
 
 
 def test_a_revoked_role_refuses_the_next_subscribe(live_settings, make_user):
-    user = make_user()
+    user = make_user("viewer")
     headers = login_headers(user)
 
     async def scenario():
@@ -84,7 +84,7 @@ def test_a_revoked_role_refuses_the_next_subscribe(live_settings, make_user):
 
 @pytest.mark.parametrize("group", ["nope", "job-", "job-0", "job-x", "telemetry2", "", 7, None])
 def test_unknown_group_is_refused_and_nothing_is_joined(live_settings, make_user, group):
-    headers = login_headers(make_user())
+    headers = login_headers(make_user("viewer"))
 
     async def scenario():
         async with live_socket(headers) as communicator:
@@ -105,7 +105,7 @@ def test_unknown_group_is_refused_and_nothing_is_joined(live_settings, make_user
                                      {"action": "fetch"}, {"action": "fetch", "after_seq": "3"},
                                      {"action": "fetch", "after_seq": True}])
 def test_malformed_requests_get_an_error_message(live_settings, make_user, message):
-    headers = login_headers(make_user())
+    headers = login_headers(make_user("viewer"))
 
     async def scenario():
         async with live_socket(headers) as communicator:

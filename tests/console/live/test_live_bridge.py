@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from live_helpers import TIMEOUT_S, BridgeThread, live_socket, login_headers, publish, run, subscribe
+
+from tests.support.live import TIMEOUT_S, BridgeThread, live_socket, login_headers, publish, run, subscribe
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[3]
@@ -77,7 +78,7 @@ def wait_until_subscribed(client: redis.Redis, channel: str) -> None:
 
 
 def test_bridge_survives_a_redis_restart(live_settings, make_user, private_redis):
-    headers, channel = login_headers(make_user()), live_settings.TELEMETRY_CHANNEL
+    headers, channel = login_headers(make_user("viewer")), live_settings.TELEMETRY_CHANNEL
 
     async def scenario():  # the bridge thread lives across the restart
         async with live_socket(headers) as communicator:

@@ -3,15 +3,15 @@
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from live_helpers import TIMEOUT_S, live_socket, login_headers, request, run, subscribe
 
 from console.jobs.events import group_name
+from tests.support.live import TIMEOUT_S, live_socket, login_headers, request, run, subscribe
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_job_update_reaches_only_the_job_s_subscribers(live_settings, make_user):
-    headers = login_headers(make_user())
+    headers = login_headers(make_user("viewer"))
     update = {"type": "job.update", "job": {"id": 7, "status": "running", "progress": 0.5}}
 
     async def scenario():
@@ -28,7 +28,7 @@ def test_job_update_reaches_only_the_job_s_subscribers(live_settings, make_user)
 
 
 def test_resubscribing_replaces_the_groups(live_settings, make_user):
-    headers = login_headers(make_user())
+    headers = login_headers(make_user("viewer"))
 
     async def scenario():
         async with live_socket(headers) as communicator:
@@ -46,7 +46,7 @@ def test_publish_job_update_hook_reaches_a_socket(live_settings, make_user):
     from types import SimpleNamespace
 
     from console.jobs.events import publish_job_update
-    headers = login_headers(make_user())
+    headers = login_headers(make_user("viewer"))
     job = SimpleNamespace(pk=7, status="running", phase="apply", progress=0.25, error="", plan_hash="h",
                           engine_operation_id="op", prediction={"pool_tokens": 10}, measured=None, updated=None)
 

@@ -4,16 +4,16 @@ import pytest
 import redis.asyncio as aioredis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from live_helpers import TIMEOUT_S, live_socket, login_headers, publish, request, run, subscribe
 
 import engine.telemetry.publisher
 from console.live import bridge as live_bridge
+from tests.support.live import TIMEOUT_S, live_socket, login_headers, publish, request, run, subscribe
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_subscribed_client_receives_a_snapshot_through_the_bridge(live_settings, make_user, redis_client, bridge):
-    headers, channel = login_headers(make_user()), live_settings.TELEMETRY_CHANNEL
+    headers, channel = login_headers(make_user("viewer")), live_settings.TELEMETRY_CHANNEL
 
     async def scenario():
         async with live_socket(headers) as communicator:
@@ -28,7 +28,7 @@ def test_subscribed_client_receives_a_snapshot_through_the_bridge(live_settings,
 
 
 def test_unsubscribed_client_gets_no_telemetry(live_settings, make_user, redis_client, bridge):
-    headers, channel = login_headers(make_user()), live_settings.TELEMETRY_CHANNEL
+    headers, channel = login_headers(make_user("viewer")), live_settings.TELEMETRY_CHANNEL
 
     async def scenario():
         async with live_socket(headers) as watcher, live_socket(headers) as other:
@@ -43,7 +43,7 @@ def test_unsubscribed_client_gets_no_telemetry(live_settings, make_user, redis_c
 
 
 def test_gap_fetch_returns_the_missing_snapshots_oldest_first(live_settings, make_user, redis_client):
-    headers, channel = login_headers(make_user()), live_settings.TELEMETRY_CHANNEL
+    headers, channel = login_headers(make_user("viewer")), live_settings.TELEMETRY_CHANNEL
     sent = [publish(redis_client, channel, seq=seq) for seq in range(1, 8)]
 
     async def scenario():
@@ -59,7 +59,7 @@ def test_gap_fetch_returns_the_missing_snapshots_oldest_first(live_settings, mak
 
 
 def test_gap_fetch_of_an_unknown_channel_is_empty(live_settings, make_user):
-    headers = login_headers(make_user())
+    headers = login_headers(make_user("viewer"))
 
     async def scenario():
         async with live_socket(headers) as communicator:

@@ -14,11 +14,11 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve, reverse
-from live_helpers import TIMEOUT_S, login_headers, run
 
 from console.asgi import application
 from console.live.consumers import CLOSE_UNAUTHENTICATED
 from console.live.routing import websocket_urlpatterns
+from tests.support.live import TIMEOUT_S, login_headers, run
 
 pytestmark = pytest.mark.django_db
 

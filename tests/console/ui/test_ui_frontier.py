@@ -4,7 +4,8 @@ import json
 import re
 
 import pytest
-from live_service import free_port
+
+from tests.support.live_service import free_port
 
 pytestmark = pytest.mark.django_db
 

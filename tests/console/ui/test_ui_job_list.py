@@ -5,9 +5,9 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from job_helpers import other_cut
 
 from console.jobs import lifecycle
+from tests.support.jobs import other_cut
 
 pytestmark = pytest.mark.django_db
 

@@ -7,11 +7,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.utils import timezone
-from job_helpers import other_cut  # importable: the job tests' conftest puts its folder on sys.path
 from rest_framework.test import APIClient
 
 from console.audit.models import AuditEvent
 from console.jobs.models import Job
+from tests.support.jobs import other_cut
 
 pytestmark = pytest.mark.django_db
 

@@ -3,9 +3,9 @@
 import re
 
 import pytest
-from job_helpers import wait_for_end
 
 from console.jobs.models import Approval, Job
+from tests.support.jobs import wait_for_end
 
 pytestmark = pytest.mark.django_db
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from factories import hybrid_census
 
 from solvers.census import CONFIG_DIR, WEIGHT_DTYPES, builtin_models, census_from_config, load_census
 from solvers.census.layers import Linear
 from solvers.census.model import price_weights
 from solvers.census.quantization import WeightQuantization
 from solvers.errors import CensusError
+from tests.support.solver_factories import hybrid_census
 
 H, EXPERTS, EXPERT, SHARED = 2048, 512, 512, 512  # Qwen3-Next-80B-A3B
 

@@ -1,7 +1,9 @@
 """Debian's Chromium under Playwright, logging in through the real login page, and what a page received.
 
 Playwright's sync API keeps an event loop running in this thread while it is started, so modules that use it
-never touch the Django ORM: they see the stack only through the browser and the HTTP API.
+never touch the Django ORM: they see the stack only through the browser and the HTTP API. For the same reason the
+`browser` fixture is one per test module, not per session: the rest of the suite's Django tests must never see
+that loop.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-from e2e_stack import PASSWORD, Stack
 from playwright.sync_api import Browser, BrowserContext, Page, WebSocket, sync_playwright
+
+from tests.support.stack import PASSWORD, Stack
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -108,3 +111,9 @@ def watch_afresh(page: Page, url: str) -> None:
     """Open `url` with an empty history of what the page showed."""
     page.evaluate("sessionStorage.removeItem('__seen')")
     page.goto(url)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with chromium() as launched:
+        yield launched

@@ -1,13 +1,13 @@
 """Calibration steps on a running stack's console, run as a process of that stack (`console_step(stack, ...)`):
-the browser tests' modules never touch the Django ORM themselves (e2e_browser.py says why).
+the browser tests' modules never touch the Django ORM themselves (tests/support/browser.py says why).
 
-    python tests/e2e/e2e_calibration.py measure           beat's measurement of the engine (console.calibration.
-                                                          recording.measure), until one is recorded
-    python tests/e2e/e2e_calibration.py wrong-arms CUT..  six runs each of two cuts other than CUT.. (e.g. 7,5,4
-                                                          8,4,4), recorded as measurements of the engine's model
-                                                          and rig: a calibration the operator should not trust
-    python tests/e2e/e2e_calibration.py measure-job ID    measure until job ID's prediction is completed; prints
-                                                          its speed verdict
+    python -m tests.support.stack_calibration measure
+        beat's measurement of the engine (console.calibration.recording.measure), until one is recorded
+    python -m tests.support.stack_calibration wrong-arms CUT..
+        six runs each of two cuts other than CUT.. (e.g. 7,5,4 8,4,4), recorded as measurements of the engine's
+        model and rig: a calibration the operator should not trust
+    python -m tests.support.stack_calibration measure-job ID
+        measure until job ID's prediction is completed; prints its speed verdict
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ ARMS = ([6, 5, 5], [5, 6, 5], [6, 6, 4], [7, 4, 5], [5, 5, 6])
 def console_step(stack, *args: str, timeout: float = 180) -> dict:
     """Run one step as a process of `stack` (its database, var folder, secrets and engine); its JSON answer."""
     env = {**stack.env, "SEAM_ENGINE_URL": stack.engine_url, "SEAM_MEASURE_S": "0",
-           "DJANGO_SETTINGS_MODULE": "console.settings", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, __file__, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+           "DJANGO_SETTINGS_MODULE": "console.settings"}
+    done = subprocess.run([sys.executable, "-m", __name__, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,5 +1,4 @@
-"""Helpers and fixtures for the live tests (conftest.py re-exports the fixtures): real Redis, the real
-Redis channel layer, the real ASGI application.
+"""The live tests' world: real Redis, the real Redis channel layer, the real ASGI application.
 
 Each test gets a channel-layer prefix and a telemetry channel of its own, so a bridge or a browser elsewhere
 on this Redis neither sees nor disturbs ours. Sockets log in the way a browser does: a session cookie made
@@ -20,12 +19,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.test import Client
 
 from console.asgi import application
-from console.jobs.roles import VIEWER, ensure_roles
 from console.live.bridge import run_bridge
 from contracts.telemetry import telemetry_keys
 
@@ -65,17 +61,6 @@ def publish(client: redis.Redis, channel: str, seq: int, **extra) -> dict:
     pipe.publish(channel, payload)
     pipe.execute()
     return snapshot
-
-
-@pytest.fixture
-def make_user(db):
-    """make_user(username, roles=("viewer",)): a user holding those console roles (none: `roles=()`)."""
-    def make(username: str = "viewer", roles: tuple[str, ...] = (VIEWER,)):
-        user = get_user_model().objects.create_user(username=username, password=uuid.uuid4().hex)
-        ensure_roles()  # a transactional test's flush removed the migration's groups
-        user.groups.add(*Group.objects.filter(name__in=roles))
-        return user
-    return make
 
 
 def login_headers(user=None, origin: str = "http://127.0.0.1:8000",

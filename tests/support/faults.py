@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 import httpx
-from job_helpers import Worker
+
+from tests.support.jobs import Worker
 
 _OPERATIONS = re.compile(r'^seam_operations_total\{status="[^"]*"\} ([0-9.]+)$', re.MULTILINE)
 _WAITING = re.compile(r"^seam_engine_waiting ([0-9.]+)$", re.MULTILINE)

@@ -1,26 +1,61 @@
-"""Helpers for the job tests: move the engine, wait for jobs, run a Celery worker, listen to a job's group."""
+"""The job tests' world: a real Celery worker process, real Redis, real databases, and helpers to move the engine,
+wait for jobs and listen to a job's group.
+
+How a worker in another process sees the test database
+------------------------------------------------------
+pytest-django builds a test database and points this process at it; a Celery worker is a separate process
+that reads DATABASE_URL when it starts. So:
+
+* On SQLite the test database must be a file: pytest-django's default is an in-memory database that no
+  other process can open. This plugin names a file (in a fresh temporary folder) as the test database
+  when it is loaded (tests/conftest.py), before any database is set up. Only SQLite is touched; on
+  PostgreSQL the test database (`test_<name>`) is a server database already.
+* The worker fixture asks for `django_db_setup` (so the test database exists and this process's
+  connection names it) and hands the worker a DATABASE_URL built from that connection's settings: the very
+  database the tests write to.
+* Tests that share rows with the worker use `django_db(transaction=True)`: their writes are committed (a
+  plain `django_db` test keeps everything in a transaction the worker cannot see), and the tables are
+  emptied after each test. Groups made by the roles migration go with them, so `make_user` recreates them.
+
+Work for the worker goes through the real Redis broker on a queue of its own (`seam-test-jobs-<random>`),
+set as this process's default queue while the worker runs, so no other worker on this Redis takes our
+jobs and ours takes no one else's. Tests that run jobs in this process instead use `handoffs`, which
+records what would have been sent.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
+import redis
 from channels.layers import channel_layers
+from django.conf import settings
 from django.db import connection, connections
 
 from console.audit.models import AuditEvent
 from console.engine import EngineClient
+from console.jobs import lifecycle
 from console.jobs.attestation import attest
 from console.jobs.choices import TERMINAL
 from console.jobs.events import group_name
 from console.jobs.models import Job
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
+
+_default = settings.DATABASES["default"]
+if _default["ENGINE"].endswith("sqlite3") and not (_default.get("TEST") or {}).get("NAME"):
+    _default.setdefault("TEST", {})["NAME"] = str(Path(tempfile.mkdtemp(prefix="seam-jobs-db-")) / "test.sqlite3")
 
 
 def other_cut(engine) -> list[int]:
@@ -106,8 +141,6 @@ class Worker:
                 self.process.wait()
 
 
-
-
 class JobListener:
     """Subscribes to group `job-<id>` on its own event loop and thread (as a browser's consumer would), and
     collects every message until a terminal status arrives or it is stopped."""
@@ -176,3 +209,44 @@ def at_once(calls) -> list:
     for thread in threads:
         thread.join(timeout=60)
     return results
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def propose_cut(live_engine, operator):
+    """propose_cut(user=operator, cut=None) -> a proposed job for a feasible cut change."""
+    def propose(user=None, cut=None):
+        return lifecycle.propose(user or operator, {"kind": "cut", "target": {"cut": cut or other_cut(live_engine)}})
+    return propose
+
+
+@pytest.fixture
+def handoffs(monkeypatch) -> list[int]:
+    """Record the job ids handed to the worker (after commit) instead of sending them to a broker."""
+    sent: list[int] = []
+    monkeypatch.setattr(lifecycle, "hand_off", lambda job_id, request_id=None: sent.append(job_id))
+    return sent
+
+
+@pytest.fixture(scope="module")
+def celery_worker(django_db_setup, django_db_blocker, engine) -> Iterator[Worker]:
+    """A real `celery -A console worker --pool=solo` process on the real Redis broker, on a queue of its own,
+    reading the test database and talking to the test engine."""
+    from console.celery import app
+
+    queue = f"seam-test-jobs-{uuid.uuid4().hex[:8]}"
+    with django_db_blocker.unblock():
+        url = database_url()
+    env = {**os.environ, "DATABASE_URL": url, "SEAM_ENGINE_URL": engine.url, "PYTHONUNBUFFERED": "1"}
+    previous = app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    worker = Worker(queue, env)
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        app.conf.task_default_queue = previous
+        broker = redis.Redis.from_url(app.conf.broker_url)
+        broker.delete(queue)
+        broker.close()

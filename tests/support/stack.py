@@ -1,11 +1,13 @@
-"""The real Seam stack for browser tests: `python -m launch` (what `make run` runs) in its own process
-group, against a redis-server of the test's own and a fresh database, stopped with SIGINT like Ctrl-C."""
+"""The real Seam stack for browser and fault tests: `python -m launch` (what `make run` runs) in its own process
+group, against a redis-server of the test's own and a fresh database, stopped with SIGINT like Ctrl-C.
+
+The `stack` fixture is one per test module, not per session: the stack should not keep eating CPU after the module
+that drives it ends."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,19 +21,15 @@ from pathlib import Path
 import httpx
 import psutil
 import psycopg
+import pytest
 import redis
 
 from launch.local_redis import redis_server_binary
+from tests.support.live_service import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "e2e-demo-password"
 READY_LINE = "Seam is running at"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RedisServer:
@@ -206,3 +204,9 @@ def running_stack(folder: Path, own_secrets: bool = False) -> Iterator[Stack]:
         if redis_server.process and redis_server.process.poll() is None:
             redis_server.process.terminate()
             redis_server.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("e2e-stack")) as running:
+        yield running

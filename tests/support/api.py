@@ -1,25 +1,17 @@
-"""API test fixtures: the job tests' engine, users and handoffs (loaded from their conftest), and a client helper.
+"""Clients for the console: the API one call a line, and a logged-in page client.
 
-`post(url, data, user=..., expect=status)` / `get(url, user=..., expect=status)` keep each API call one line:
-they authenticate as `user` (None: anonymous), check the status and return the parsed JSON.
+`post(url, data, user=..., expect=status)` / `get(url, user=..., expect=status)` authenticate as `user` (None:
+anonymous), check the status and return the parsed JSON. `browse(user)` is a Django test client logged in as `user`
+with CSRF checks on, and `post_form(client, url, data)` posts as the page's form does.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
-_spec = importlib.util.spec_from_file_location(
-    "seam_jobs_conftest", Path(__file__).resolve().parents[1] / "jobs" / "conftest.py")
-_jobs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_jobs)
-
-demo_checkpoint, engine, live_engine = _jobs.demo_checkpoint, _jobs.engine, _jobs.live_engine
-make_user, operator, reviewer, handoffs = _jobs.make_user, _jobs.operator, _jobs.reviewer, _jobs.handoffs
-other_cut = _jobs.other_cut
+from tests.support.jobs import other_cut
 
 
 def _call(method, url, data=None, *, user=None, expect=200, **extra):
@@ -49,14 +41,30 @@ def get():
 
 
 @pytest.fixture
-def viewer(make_user):
-    return make_user("viewer", name="vera")
-
-
-@pytest.fixture
 def proposed(live_engine, operator, post):
     """proposed(user=operator) -> the JSON of a job proposed through the API for a feasible cut change."""
     def make(user=None):
         return post("/api/v1/jobs/", {"kind": "cut", "target": {"cut": other_cut(live_engine)}},
                     user=user or operator, expect=201)
     return make
+
+
+@pytest.fixture
+def browse():
+    """browse(user) -> a test client logged in as `user` (CSRF checks on, as in a browser)."""
+    def login(user) -> Client:
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(user)
+        return client
+    return login
+
+
+@pytest.fixture
+def post_form():
+    """post_form(client, url, data) -> response: POST as the page's form does, with the CSRF token the pages
+    hand out (every page's logout form carries one)."""
+    def post(client: Client, url: str, data: dict | None = None, **extra):
+        client.get("/jobs/")
+        token = client.cookies["csrftoken"].value
+        return client.post(url, {**(data or {}), "csrfmiddlewaretoken": token}, **extra)
+    return post
