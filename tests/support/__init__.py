@@ -8,5 +8,6 @@ Helpers (no fixtures): live_service (an `engine serve` process and its clients),
 moe_layers (engine and kernel tests; no Django, so the GPU machine's runs import them too), calibration, faults,
 pages, stack_calibration, solver_factories, held_tokenizer.
 
-A fixture only one directory uses stays in that directory's conftest.py.
+A fixture that belongs with none of these (one directory's own: audit events, calibration seeds, fault workers)
+stays in that directory's conftest.py.
 """
