@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from engine.control.health import MAX_RECOVERIES_IN_A_ROW
-from engine.control.operations import KEEP_FINISHED, Operation, Operations
+from contracts.control import OperationStatus
+from engine.control.operations import KEEP_FINISHED, OperationRecord, Operations
 from tests.support.faults import operations_total, wait_until
 from tests.support.live_service import LiveService
 
@@ -119,10 +120,11 @@ def recoveries_succeeded(engine: LiveService) -> int:
 def test_only_the_newest_finished_operations_are_kept():
     """A failure loop once left 2,059 operation records; queued and running ones are never dropped."""
     ops = Operations(SimpleNamespace(lock=threading.RLock()))
-    running = Operation("recovery-0", "recovery", {}, "", status="running")
+    running = OperationRecord("recovery-0", "recovery", {}, "", status=OperationStatus.RUNNING)
     ops.record(running)
     for n in range(1, KEEP_FINISHED + 50):
-        ops.record(Operation(f"recovery-{n}", "recovery", {}, "", status="succeeded" if n % 2 else "failed"))
-    held = [op["id"] for op in ops.list()]
+        ops.record(OperationRecord(f"recovery-{n}", "recovery", {}, "",
+                                   status=OperationStatus.SUCCEEDED if n % 2 else OperationStatus.FAILED))
+    held = [op.id for op in ops.list()]
     assert held[0] == "recovery-0" and len(held) == KEEP_FINISHED + 1
     assert held[1:] == [f"recovery-{n}" for n in range(50, KEEP_FINISHED + 50)]
