@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.control.health import MAX_RECOVERIES_IN_A_ROW
 from contracts.control import OperationStatus
+from engine.control.health import MAX_RECOVERIES_IN_A_ROW
 from engine.control.operations import KEEP_FINISHED, OperationRecord, Operations
 from tests.support.faults import operations_total, wait_until
 from tests.support.live_service import LiveService
