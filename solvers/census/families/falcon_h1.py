@@ -1,7 +1,7 @@
 """Falcon-H1: every layer runs a Mamba2 mixer and GQA attention side by side (their outputs are summed), then a
 gated MLP. So every layer holds both caches: KV growing with each token and a Mamba2 state per sequence.
 
-The mixer's width is mamba_d_ssm (or mamba_expand x hidden_size when the config gives none), split into
+The mixer's width is mamba_d_ssm (mamba_expand x hidden_size when it is null), split into
 mamba_n_heads heads of mamba_d_head; its gated RMSNorm exists only when mamba_rms_norm is set.
 """
 
@@ -23,6 +23,8 @@ def falcon_h1(fields: ConfigFields) -> ModelCensus:
     hidden, num_layers, heads, intermediate, m_heads, m_head_dim, groups, d_state, kernel, *_ = require_all(
         fields, "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", *_MAMBA_FIELDS,
         "vocab_size", *KV_HEADS,
+        # null means mamba_expand x hidden_size; an absent key is FalconH1Config's 1024, not the same statement.
+        also_missing=() if "mamba_d_ssm" in fields.config else ("mamba_d_ssm",),
     )
     kv_heads = fields.config["num_key_value_heads"]
     inner = fields.get("mamba_d_ssm", default=None)
