@@ -160,7 +160,7 @@ class Mxfp4Quantization(WeightQuantization):
                 if self.not_converted is None else len(self.not_converted), "source": self.source}
 
     def describe(self) -> str:
-        return f"of the experts in mxfp4 (4-bit, one e8m0 scale per {MXFP4_BLOCK} weights)"
+        return f"of the experts in mxfp4 (4-bit, one e8m0 scale per {MXFP4_BLOCK} weights; other linears unconverted)"
 
 
 def mxfp4_from_config(quant: dict[str, Any]) -> Mxfp4Quantization:

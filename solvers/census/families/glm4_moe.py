@@ -2,8 +2,9 @@
 first_k_dense_replace dense layers, then MoE layers (sigmoid router with a score-correction bias, shared experts).
 
 Partial rotary (partial_rotary_factor) rotates part of each head and changes no price. The checkpoint also holds
-num_nextn_predict_layers multi-token-prediction layer(s) after the last decoder layer (`model.layers.<N>.*`); the
-engine, like transformers, does not load or run them, so they are not priced (the census notes it).
+num_nextn_predict_layers multi-token-prediction layer(s) after the last decoder layer (`model.layers.<N>.*`). The
+engine runs no MTP layer (its loader skips `mtp.*` tensors) and transformers ignores these, so they are not
+priced; the census notes it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,6 @@ def glm4_moe(fields: ConfigFields) -> ModelCensus:
     mtp = fields.get("num_nextn_predict_layers", default=0)
     if mtp:
         notes.append(f"{mtp} multi-token-prediction layer(s) in the checkpoint (model.layers.{num_layers}.*) are not "
-                     "counted: the engine does not load or run them")
+                     "counted: the engine does not run multi-token-prediction layers")
     return build_census(fields, layers, hidden=hidden, intermediate=max(dense_intermediate, expert),
                         notes=tuple(notes))

@@ -31,7 +31,7 @@ def _mixers(fields: ConfigFields, num_layers: int) -> list[str]:
     declared = fields.get("layer_types", "layers_block_type")
     if len(declared) != num_layers:
         raise fields.missing(f"layer_types with {num_layers} entries (it has {len(declared)})")
-    unknown = sorted({str(kind) for kind in declared if kind not in _MIXERS})
+    unknown = sorted({str(kind) for kind in declared if str(kind) not in _MIXERS})
     if unknown:
         raise fields.missing(f"layer_types of mamba or attention (got {', '.join(unknown)})")
     return [_MIXERS[kind] for kind in declared]

@@ -24,7 +24,7 @@ _KDA_FIELDS = ("num_heads", "head_dim", "short_conv_kernel_size")
 def _layer_types(fields: ConfigFields, num_layers: int) -> list[str]:
     declared = fields.get("layer_types", default=None)
     if declared is None:
-        linear = fields.get("linear_attn_config")
+        linear = fields.get("linear_attn_config", "layer_types")  # absent: the error names either way to say it
         kda, full = linear.get("kda_layers"), linear.get("full_attn_layers")
         if kda is None or full is None:
             raise fields.missing("linear_attn_config.kda_layers and linear_attn_config.full_attn_layers")
@@ -76,14 +76,15 @@ def kimi_linear(fields: ConfigFields) -> ModelCensus:
         # null means a plain q_proj (the published model); an absent key is not the same statement.
         also_missing=() if "q_lora_rank" in fields.config else ("q_lora_rank",),
     )
+    layer_types = _layer_types(fields, num_layers)
     mla, mla_loose = mla_attention(fields, hidden, heads)
     mla_params = sum(linear.params for linear in mla) + mla_loose
-    kda, kda_linears, conv, recurrent = _kda(fields, hidden)
+    kda, kda_linears, conv, recurrent = _kda(fields, hidden) if "linear_attention" in layer_types else (0, [], 0, 0)
     moe, moe_linears = _moe(fields, hidden, experts)
     first_dense = fields.get("first_k_dense_replace", default=1)  # KimiLinearConfig's default
     moe_freq = fields.get("moe_layer_freq", default=1)
     layers = []
-    for index, layer_type in enumerate(_layer_types(fields, num_layers)):
+    for index, layer_type in enumerate(layer_types):
         if index < first_dense or index % moe_freq:
             ffn, ffn_linears, kind = mlp_params(hidden, intermediate), mlp_linears(hidden, intermediate), "dense"
         else:

@@ -27,9 +27,8 @@ _ATTN_TYPES = {0: "linear_attention", 1: "full_attention"}
 
 def _layer_types(fields: ConfigFields, num_layers: int) -> list[str]:
     # MiniMaxConfig alternates without a list; the published models do not, so a list is demanded.
-    declared = fields.get("layer_types", default=None)
-    if declared is None:
-        declared = [_ATTN_TYPES.get(kind, kind) for kind in fields.get("layer_types", "attn_type_list")]
+    declared = [_ATTN_TYPES.get(kind, kind) if isinstance(kind, int) else kind
+                for kind in fields.get("layer_types", "attn_type_list")]
     if len(declared) != num_layers:
         raise fields.missing(f"layer_types with {num_layers} entries (it has {len(declared)})")
     unknown = sorted({str(kind) for kind in declared if kind not in _ATTN_TYPES.values()})
