@@ -169,6 +169,7 @@ def test_an_unknown_family_keeps_the_one_line_refusal():
     ("falcon-h1-0.5b", {"mamba_n_heads": None}, ("mamba_n_heads",)),
     ("falcon-h1-0.5b", {"mamba_d_head": 32}, ("mamba_n_heads x mamba_d_head",)),
     ("granite-4.0-h-small", {"layer_types": None}, ("layer_types",)),
+    ("granite-4.0-h-small", {"mamba_d_head": 32}, ("mamba_n_heads x mamba_d_head",)),
     ("granite-4.0-h-small", {"layer_types": ["mamba", "mlp"] * 20}, ("mamba or attention (got mlp)",)),
     ("kimi-linear-48b-a3b", {"linear_attn_config": {"kda_layers": [1], "full_attn_layers": [2], "num_heads": 32,
                                                     "head_dim": 128, "short_conv_kernel_size": 4}},
