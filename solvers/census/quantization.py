@@ -119,8 +119,7 @@ def from_config(config: dict[str, Any], source: str) -> WeightQuantization | Non
         return mxfp4_from_config(quant)
     if method != "fp8":
         raise CensusError(
-            f"{source}: quantization_config quant_method {method!r} cannot be priced (known: 'fp8', block-scaled, "
-            "and 'mxfp4'); "
+            f"{source}: quantization_config quant_method {method!r} cannot be priced (known: 'fp8', block-scaled); "
             "state how the weights will be served with --weight-dtype bf16|fp16|fp32|fp8")
     block = quant.get("weight_block_size")
     if block is not None and (len(block) != 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
