@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.support.users",
     "tests.support.jobs",
     "tests.support.api",
+    "tests.support.metrics",
     "tests.support.live",
     "tests.support.stack",
     "tests.support.browser",

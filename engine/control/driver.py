@@ -38,6 +38,7 @@ from engine.runtime.sequence import Sequence
 from engine.runtime.text import CheckpointText
 from engine.step_plan import StepPlan
 from engine.telemetry.latency import LatencyLog
+from engine.telemetry.metrics import EngineMetrics
 from engine.telemetry.stage_timer import StageLog
 from solvers.capacity import CutPricer, PoolResult
 from solvers.frontier import default_timing
@@ -85,8 +86,9 @@ class PipelineDriver:
         self.device_memory: dict[int, dict] = {}  # rank -> its latest real device figures (CUDA ranks only)
         self.stages = StageLog()  # each rank's stage time in recent steps, for calibrating the timing model
         self.latency = LatencyLog()  # recent requests' time to first token and between tokens
+        self.metrics = EngineMetrics(self.model_name, [spec.name for spec in rig.ranks])  # /metrics' counters
         self.step_health = StepHealth()
-        self.ops = Operations(self)
+        self.ops = Operations(self, self.metrics)
         prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
         # In shared memory: every rank process reads this one image (rung images are pinned in place). A ready image
         # (HostImage.random, for a rig emulated at full size) can be handed in instead of the checkpoint's weights.
@@ -252,6 +254,7 @@ class PipelineDriver:
             seq = Sequence(next(self.ids), ids, params)
             self.scheduler.add(seq)  # refuses, naming why, a request that can never fit
             self.latency.submitted(seq.seq_id)
+            self.metrics.submitted(seq.seq_id, len(ids))
             handle = self.handles[seq.seq_id] = RequestHandle(seq.seq_id, ids)
         self.wake.set()
         return handle
@@ -288,6 +291,7 @@ class PipelineDriver:
         handle = self.handles.pop(seq.seq_id, None)
         self.sampler.release(seq.seq_id)
         self.latency.finished(seq.seq_id, reason)
+        self.metrics.finished(seq.seq_id, reason)
         if handle is not None:
             handle.end(reason, error)
 
@@ -314,6 +318,7 @@ class PipelineDriver:
     def _step(self, batch: Batch) -> None:
         plan = batch.plan(self.shape.block_size)
         token_ids = plan.token_ids
+        self.metrics.scheduled(seq.seq_id for seq in batch.seqs)
         replies = self.ranks.call_all("step", [plan] * self.rig.size)
         for rank, (_, memory, _) in enumerate(replies):
             if memory is not None:
@@ -327,10 +332,12 @@ class PipelineDriver:
         with self.lock:  # state() reads the stage log from the HTTP threads
             self.step_health.step_succeeded()
             self.stages.add(len(token_ids) - decode, decode, [stage_ms for _, _, stage_ms in replies])
+            self.metrics.stage_times(len(token_ids) - decode, [stage_ms for _, _, stage_ms in replies])
             tokens = {batch.seqs[i].seq_id: token for i, token in zip(ready, drawn, strict=True)
                       if not isinstance(token, Exception)}
             finished = self.scheduler.commit(batch, tokens)
             self.latency.emitted(tokens)
+            self.metrics.emitted(tokens)
             for i, token in zip(ready, drawn, strict=True):
                 if isinstance(token, Exception):
                     self._fail(batch.seqs[i], f"sampling failed: {type(token).__name__}: {token}")

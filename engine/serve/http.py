@@ -29,10 +29,11 @@ from typing import Any
 import anyio
 import uvicorn
 from anyio import to_thread
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from contracts.control import Accepted, OperationList, Refusal, Witnessed
@@ -54,11 +55,11 @@ from engine.serve.openai_api import (
     parse_completion,
 )
 from engine.serve.token_stream import TokenStream
+from engine.telemetry.exposition import service_registry
 from solvers.errors import SolverError
 
 log = logging.getLogger(__name__)
 
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
 _HASH = re.compile(r"[0-9a-fA-F]{64}")
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -128,6 +129,7 @@ class _Service:
         # Control and metrics calls get threads of their own: under load generation fills the default pool,
         # and an operator must still be able to see and change the layout.
         self.control_threads = anyio.CapacityLimiter(4)
+        self.registry = service_registry(driver)
 
     def control_gate(self, request: Request) -> None:
         require_control_token(self.credentials, request.headers)
@@ -281,16 +283,8 @@ class _Service:
         return JSONResponse(found.to_dict())
 
     async def metrics(self, request: Request) -> Response:
-        driver = self.driver
-
-        def render() -> str:
-            # Imported here so the service starts (and serves /v1) even where telemetry cannot.
-            from engine.telemetry.publisher import prometheus_text
-
-            operations = getattr(driver, "operations", lambda: [])()
-            return prometheus_text(driver.snapshot().to_dict(), [operation.to_dict() for operation in operations])
-
-        return PlainTextResponse(await self._control(render), media_type=METRICS_CONTENT_TYPE)
+        body = await self._control(generate_latest, self.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(self, request: Request) -> Response:
         # 503 while the driver reports itself unhealthy (e.g. caught in a recovery loop); a driver without
