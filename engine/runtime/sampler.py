@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from engine.errors import EngineRequestError
-
-if TYPE_CHECKING:
-    from engine.runtime.sequence import Sequence
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes exactly 0..2**64-1 (and overflows above)
 # Below MIN_TEMPERATURE, logits / temperature overflows float32 to inf and softmax gives NaN, which multinomial
@@ -108,6 +105,17 @@ class TokenLogprobs:
     top: tuple[tuple[int, float], ...] = ()
 
 
+class Row(Protocol):
+    """What the sampler reads of a sequence (engine/runtime/sequence.py's Sequence), and the list it appends each
+    drawn token's logprobs to."""
+
+    seq_id: int
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[TokenLogprobs]
+
+
 @dataclass
 class StepLogits:
     """One step's next-token logits as the sampler needs them: each row's argmax (taken on the device, inside the
@@ -145,7 +153,7 @@ class Sampler:
         fault = os.environ.get(FAULT_SEED_ENV)
         self.fault_seed = int(fault) if fault else None
 
-    def sample(self, logits: torch.Tensor | StepLogits, seqs: list[Sequence]) -> list[int]:
+    def sample(self, logits: torch.Tensor | StepLogits, seqs: list[Row]) -> list[int]:
         """Every row's next token; the first row whose sampling fails raises."""
         drawn = self.sample_rows(logits, seqs)
         for token in drawn:
@@ -153,7 +161,7 @@ class Sampler:
                 raise token
         return drawn
 
-    def sample_rows(self, logits: torch.Tensor | StepLogits, seqs: list[Sequence]) -> list[int | Exception]:
+    def sample_rows(self, logits: torch.Tensor | StepLogits, seqs: list[Row]) -> list[int | Exception]:
         """Every row's next token, or in its place the exception its sampling raised: one request's failure stays
         its own (as asyncio.gather's return_exceptions), and its neighbours' draws are exactly as without it. A
         sequence whose params ask for logprobs gets the token's TokenLogprobs appended to its `logprobs`."""
@@ -172,7 +180,7 @@ class Sampler:
                 tokens.append(error)
         return tokens
 
-    def _draw(self, row: torch.Tensor | None, seq: Sequence, argmax: int) -> int:
+    def _draw(self, row: torch.Tensor | None, seq: Row, argmax: int) -> int:
         param = seq.params
         if self.fault_seed is not None and param.seed == self.fault_seed:
             raise RuntimeError(f"fault injection: sampling fails for seed {param.seed} ({FAULT_SEED_ENV})")
@@ -191,7 +199,7 @@ class Sampler:
     def release(self, seq_id: int) -> None:
         self._generators.pop(seq_id, None)
 
-    def _generator(self, seq: Sequence) -> torch.Generator | None:
+    def _generator(self, seq: Row) -> torch.Generator | None:
         if seq.params.seed is None:
             return None
         if seq.seq_id not in self._generators:
@@ -201,7 +209,7 @@ class Sampler:
         return self._generators[seq.seq_id]
 
 
-def penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def penalize(logits: torch.Tensor, seqs: list[Row]) -> torch.Tensor:
     """`logits` [rows, vocab] after each row's sequence's penalties, all rows at once (vLLM's order: repetition,
     then frequency, then presence); the rows themselves when no sequence has any."""
     params = [seq.params for seq in seqs]

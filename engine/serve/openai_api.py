@@ -119,7 +119,7 @@ def parse_chat(body: dict[str, Any], model_name: str) -> GenerationRequest:
     _check_fields(body, CHAT_FIELDS, model_name)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     top = _integer(body, "top_logprobs", None, 0, maximum=MAX_LOGPROBS)
-    if top is not None and not _boolean(body, "logprobs"):
+    if top and not _boolean(body, "logprobs"):
         raise ApiError("top_logprobs needs logprobs: true", "top_logprobs")
     logprobs = (top or 0) if _boolean(body, "logprobs") else None
     return _generation(body, render_chat(body.get("messages")), "messages", max_tokens=_integer(body, name, None, 1),
