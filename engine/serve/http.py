@@ -212,8 +212,10 @@ class _Service:
                 if batch is None:
                     texts[index] += choice.flush()
                     continue
+                if choice.stopped:
+                    continue  # tokens the engine made before it heard of the stop
                 texts[index] += choice.push(batch)
-                if choice.stopped and index not in streams.ended:
+                if choice.stopped:
                     await self._cancel(choice.handle)
         finally:
             for index in set(range(len(choices))) - streams.ended:  # the client went away

@@ -271,9 +271,9 @@ BAD_FIELDS = [
     ("top_k", -1), ("top_k", 2.5), ("seed", "x"), ("seed", -3), ("n", 0), ("n", 129), ("n", "1"),
     ("stop", ["a", "b", "c", "d", "e"]), ("stop", [""]), ("stop", 5), ("stream", "yes"), ("stop_token_ids", ["a"]),
     ("stop_token_ids", 5), ("logprobs", 6), ("logprobs", True), ("echo", True), ("presence_penalty", 2.5),
-    ("frequency_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 2.5), ("model", 42), ("prompt", 5), ("prompt", []), ("prompt", ""),
-    ("prompt", [1, -2]), ("prompt", [1, True]), ("prompt", ["a", "b"]), ("prompt", [[1], [2]]),
-    ("ignore_eos", 1), ("stream_options", {"include_usage": True}), ("frobnicate", 1),
+    ("frequency_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 2.5), ("model", 42), ("prompt", 5),
+    ("prompt", []), ("prompt", ""), ("prompt", [1, -2]), ("prompt", [1, True]), ("prompt", ["a", "b"]),
+    ("prompt", [[1], [2]]), ("ignore_eos", 1), ("stream_options", {"include_usage": True}), ("frobnicate", 1),
 ]
 
 
