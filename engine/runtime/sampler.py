@@ -167,11 +167,12 @@ class Sampler:
         sequence whose params ask for logprobs gets the token's TokenLogprobs appended to its `logprobs`."""
         if isinstance(logits, torch.Tensor):
             logits = StepLogits.take(logits, [seq.params.needs_row for seq in seqs])
-        whole = sorted(logits.rows)
-        rows: dict[int, torch.Tensor] = {}
-        if whole:
-            penalized = penalize(torch.stack([logits.rows[i] for i in whole]), [seqs[i] for i in whole])
-            rows = dict(zip(whole, penalized, strict=True))
+        rows = dict(logits.rows)
+        # Only the penalized rows are stacked: copying every sampled row would cost [rows, vocab] floats a step.
+        penalized = [i for i in sorted(rows) if seqs[i].params.penalized]
+        if penalized:
+            stacked = penalize(torch.stack([rows[i] for i in penalized]), [seqs[i] for i in penalized])
+            rows.update(zip(penalized, stacked, strict=True))
         tokens: list[int | Exception] = []
         for index, seq in enumerate(seqs):
             try:
@@ -211,10 +212,8 @@ class Sampler:
 
 def penalize(logits: torch.Tensor, seqs: list[Row]) -> torch.Tensor:
     """`logits` [rows, vocab] after each row's sequence's penalties, all rows at once (vLLM's order: repetition,
-    then frequency, then presence); the rows themselves when no sequence has any."""
+    then frequency, then presence); a row without penalties comes out exactly as it went in."""
     params = [seq.params for seq in seqs]
-    if not any(param.penalized for param in params):
-        return logits
     vocab = logits.shape[-1]
     generated = _counts([seq.output_ids for seq in seqs], vocab)
     if any(param.repetition_penalty != 1 for param in params):
