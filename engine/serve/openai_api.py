@@ -321,7 +321,7 @@ class Choice:
             if self.stopped:
                 break
             self.token_ids.append(token)
-            self.offsets.append(self._chars)
+            self.offsets.append(self._chars + len(self._held))  # held text precedes this token's too
             pieces.append(self._cut(self._text.push([token]), final=False))
         return "".join(pieces)
 

@@ -139,6 +139,15 @@ def test_chat_logprobs_have_the_chat_shape_streamed_or_not(client, model):
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
 
 
+def test_streamed_completion_logprobs_join_to_the_whole_ones(client, model):
+    whole = _complete(client, model, max_tokens=5, logprobs=2).choices[0].logprobs
+    chunks = [c.choices[0].logprobs for c in _complete(client, model, max_tokens=5, logprobs=2, stream=True)
+              if c.choices and c.choices[0].logprobs]
+    assert [t for chunk in chunks for t in chunk.tokens] == whole.tokens
+    assert [lp for chunk in chunks for lp in chunk.token_logprobs] == whole.token_logprobs
+    assert [o for chunk in chunks for o in chunk.text_offset] == whole.text_offset
+
+
 def test_sampled_logprobs_are_of_the_tempered_distribution(client, model, logits_of):
     choice = _complete(client, model, max_tokens=4, logprobs=0, temperature=0.7, seed=3).choices[0]
     tokens = choice.model_extra["token_ids"]

@@ -48,3 +48,9 @@ def test_text_offsets_count_the_characters_sent_before_each_token():
     choice = _choice()
     _feed(choice, "aéb")
     assert choice.offsets == [0, 1, 1, 2]  # é's two bytes both start where é does
+
+
+def test_text_offsets_count_the_text_held_back_before_a_token():
+    choice = _choice("END")
+    _feed(choice, "aEb")
+    assert choice.offsets == [0, 1, 2]  # "b" starts after the held "E", sent with it
