@@ -255,7 +255,7 @@ class PipelineDriver:
             self.scheduler.add(seq)  # refuses, naming why, a request that can never fit
             self.latency.submitted(seq.seq_id)
             self.metrics.submitted(seq.seq_id, len(ids))
-            handle = self.handles[seq.seq_id] = RequestHandle(seq.seq_id, ids)
+            handle = self.handles[seq.seq_id] = RequestHandle(seq.seq_id, ids, logprobs=seq.logprobs)
         self.wake.set()
         return handle
 
@@ -326,8 +326,7 @@ class PipelineDriver:
         logits = replies[-1][0]
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
         # A request whose sampling raises fails alone: the ranks did their part, so the step stands for the others.
-        drawn = self.sampler.sample_rows(logits, [batch.seqs[i].params for i in ready],
-                                         [batch.seqs[i].seq_id for i in ready])
+        drawn = self.sampler.sample_rows(logits, [batch.seqs[i] for i in ready])
         decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
         with self.lock:  # state() reads the stage log from the HTTP threads
             self.step_health.step_succeeded()
