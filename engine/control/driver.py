@@ -74,7 +74,7 @@ class PipelineDriver:
         self.wake = threading.Event()
         self.sampler = Sampler()
         self.handles: dict[int, RequestHandle] = {}
-        self.cancelled: set[int] = set()
+        self.cancelled: dict[int, str] = {}  # request id -> the reason it ends with (`cancel`)
         self.ids = itertools.count()
         self._phase = "starting"
         # Fresh at every start: the console tells by it that the engine restarted (and lost its operations) under a
@@ -259,18 +259,19 @@ class PipelineDriver:
         self.wake.set()
         return handle
 
-    def cancel(self, request_id: int) -> None:
-        """The client went away: the request is dropped at the next step boundary."""
+    def cancel(self, request_id: int, reason: str = "cancelled") -> None:
+        """The request is dropped at the next step boundary and ends with `reason`: `cancelled` when the client went
+        away, `stop` when the service matched one of its stop strings (the engine cannot: it sees no text)."""
         with self.lock:
-            self.cancelled.add(request_id)
+            self.cancelled[request_id] = reason
         self.wake.set()
 
     def _drop_cancelled(self) -> None:
         with self.lock:
-            for request_id in self.cancelled:
+            for request_id, reason in self.cancelled.items():
                 seq = self.scheduler.abort(request_id)
                 if seq is not None:
-                    self._finish(seq, "cancelled")
+                    self._finish(seq, reason)
             self.cancelled.clear()
 
     def refuse_all(self, why: str) -> None:

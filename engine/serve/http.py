@@ -156,12 +156,13 @@ class _Service:
     async def _control_body(self, request: Request) -> dict[str, Any]:
         return await read_json_object(request, self.max_body_bytes, self.control_threads)
 
-    async def _cancel(self, handle: RequestHandle) -> None:
-        # The client went away: free the request's slots if the driver can (`cancel` is optional).
+    async def _cancel(self, handle: RequestHandle, reason: str = "cancelled") -> None:
+        # The client went away (or a stop string matched: reason "stop"): free the request's slots if the driver
+        # can (`cancel` is optional).
         cancel = getattr(self.driver, "cancel", None)
         if cancel is not None:
             with anyio.CancelScope(shield=True):
-                await _run(cancel, handle.request_id)
+                await _run(cancel, handle.request_id, reason)
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
@@ -218,7 +219,7 @@ class _Service:
                     continue  # tokens the engine made before it heard of the stop
                 texts[index] += choice.push(batch)
                 if choice.stopped:
-                    await self._cancel(choice.handle)
+                    await self._cancel(choice.handle, "stop")
         finally:
             for index in set(range(len(choices))) - streams.ended:  # the client went away
                 await self._cancel(choices[index].handle)
@@ -251,7 +252,7 @@ class _Service:
                 text = choice.push(batch)
                 yield _sse(reply.chunk(choice, text, start, "stop" if choice.stopped else None))
                 if choice.stopped:
-                    await self._cancel(choice.handle)
+                    await self._cancel(choice.handle, "stop")
             if include_usage:
                 yield _sse(reply.usage_chunk(len(choices[0].handle.prompt_ids),
                                              sum(len(choice.token_ids) for choice in choices)))

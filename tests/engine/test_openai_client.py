@@ -22,6 +22,8 @@ from engine.loader import load_model
 from engine.serve.access import Credentials
 from engine.serve.http import build_app
 from tests.support.engine_checkpoints import TinyRunner
+from tests.support.faults import wait_until
+from tests.support.metrics import scrape
 
 PROMPT = [5, 17, 300, 9, 44, 120]  # token ids: the prompt is exactly these, whatever the tokenizer
 TEXT_PROMPT = "The operator asks which rank binds the pool"
@@ -85,9 +87,10 @@ def _a_stop_across_tokens(tokenizer, token_ids: list[int]) -> tuple[str, int]:
     raise AssertionError(f"no stop string spans a token boundary in {text!r}")
 
 
-def test_a_stop_string_across_tokens_ends_the_text_before_it(client, model, tokenizer):
+def test_a_stop_string_across_tokens_ends_the_text_before_it(client, model, tokenizer, engine):
     whole = _complete(client, model, max_tokens=24).choices[0]
     stop, at = _a_stop_across_tokens(tokenizer, whole.model_extra["token_ids"])
+    before = scrape(engine.client)
     stopped = _complete(client, model, max_tokens=24, stop=["never-generated", stop]).choices[0]
     assert stopped.text == whole.text[:at] and stop not in stopped.text
     assert stopped.finish_reason == "stop"
@@ -95,6 +98,17 @@ def test_a_stop_string_across_tokens_ends_the_text_before_it(client, model, toke
     tokens = stopped.model_extra["token_ids"]
     assert tokens == whole.model_extra["token_ids"][:len(tokens)]
     assert stop in tokenizer.decode(tokens) and stop not in tokenizer.decode(tokens[:-1])
+    # The engine ends it as stopped, not as a client that went away (its metrics and latency count it).
+    model_label = ("model_name", model)
+
+    def ended(reason: str, samples) -> float:
+        return samples[("seam_request_success_total", (("finished_reason", reason), model_label))]
+
+    wait_until(lambda: ended("stop", scrape(engine.client)) > ended("stop", before), timeout=30,
+               what="the stopped request's end")
+    after = scrape(engine.client)
+    assert ended("stop", after) == ended("stop", before) + 1
+    assert ended("cancelled", after) == ended("cancelled", before)
 
 
 def test_a_streamed_stop_string_is_never_sent(client, model, tokenizer):
