@@ -223,3 +223,13 @@ def test_every_variable_the_guide_sets_is_one_seam_reads():
     assert names, "the guide shows no env file"
     allowed = variables_read_by_seam() | {"POSTGRES_PASSWORD"}  # the postgres image's
     assert names <= allowed, sorted(names - allowed)
+
+
+def test_a_plain_install_gives_uvicorn_a_websocket_library():
+    """`pip install .` (no test extra) is what the units and the image install: without websockets (or wsproto)
+    uvicorn accepts no websocket, and the live pages go dead."""
+    import tomllib
+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=\[ ;]", dependency, maxsplit=1)[0].lower() for dependency in dependencies}
+    assert {"uvicorn", "websockets"} <= names or {"uvicorn", "wsproto"} <= names, sorted(names)
