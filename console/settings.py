@@ -51,8 +51,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "console.audit.request_id.RequestIdMiddleware",
-    # /healthz and /readyz, answered before the host check, the HTTPS redirect, sessions and logins (console.health).
-    "console.health.ProbeMiddleware",
+    # /healthz and /readyz, answered before the host check, the HTTPS redirect, sessions and logins (console.probes).
+    "console.probes.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -104,7 +104,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 ENGINE_URL = os.environ.get("SEAM_ENGINE_URL", "http://127.0.0.1:8100")
-# The longest GET /readyz waits for any one of its checks (database, Redis, engine; console.health).
+# The longest GET /readyz waits for any one of its checks (database, Redis, engine; console.probes).
 SEAM_READYZ_TIMEOUT_S = float(os.environ.get("SEAM_READYZ_TIMEOUT_S", "3"))
 # The model and rig the engine runs, for the planner's frontier page and API.
 SEAM_RIG = os.environ.get("SEAM_RIG", "cpu-demo")

@@ -1,4 +1,4 @@
-"""GET /healthz and /readyz (console.health): open to probes, against the real database, Redis and engine.
+"""GET /healthz and /readyz (console.probes): open to probes, against the real database, Redis and engine.
 
 A dependency that is down is a closed port; one that hangs is a socket that accepts and never answers.
 """
