@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.support.live",
     "tests.support.stack",
     "tests.support.browser",
+    "tests.support.webhooks",
 ]
 
 # The engine services, Celery workers and console stacks the tests start are children of this process: they read
