@@ -10,6 +10,11 @@ and every client must receive every seq published after it subscribed. Then 50 A
 read the jobs list, the audit list, the latest telemetry and the frontier, beside a static file served
 by whitenoise as the peer; each endpoint is also timed with one client alone (its service time).
 Run: `.venv/bin/python benchmarks/console_load.py [--seconds 30] [--json]`.
+
+`--workers 1,2` measures instead how the API scales with web processes behind one address: the jobs list under
+50 clients against daphne (one process, as `make run` serves) and uvicorn with each number of workers (as
+deploy/systemd/seam-web.service serves), all on one database and all started at once, measured in interleaved
+rounds so a machine whose load drifts treats every server alike; the median round of each is its figure.
 """
 
 from __future__ import annotations
@@ -57,6 +62,11 @@ def _percentiles(values: list[float]) -> dict:
             "max_ms": round(ordered[-1], 2), "mean_ms": round(statistics.fmean(ordered), 2)}
 
 
+def _cpu(processes: list[psutil.Process]) -> float:
+    """The processes' CPU since the last call, in % of one core (the first call starts the count)."""
+    return round(sum(process.cpu_percent(None) for process in processes), 1)
+
+
 def synthetic_snapshots():
     """An engine's snapshot_fn: 8 uneven ranks in the format of docs/architecture.md §3.4, seq advancing per call."""
     seq = 0
@@ -81,27 +91,73 @@ def synthetic_snapshots():
     return snapshot
 
 
-class Console:
-    """daphne + the telemetry bridge on a fresh database, with one viewer user logged in."""
+def server_command(server: str, port: int, workers: int) -> list[str]:
+    """The console's ASGI server: daphne (one process) or uvicorn with `workers` processes behind one port."""
+    if server == "daphne":
+        return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"]
+    return [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(workers), "--lifespan", "off", "--no-access-log"]
 
-    def __init__(self, redis_url: str):
-        self.folder = Path(tempfile.mkdtemp(prefix="seam-console-load-"))
+
+class Server:
+    """One ASGI server of the console on a port of its own."""
+
+    def __init__(self, console: Console, server: str = "daphne", workers: int = 1):
+        self.name = server if server == "daphne" else f"uvicorn --workers {workers}"
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        log = (console.folder / f"{server}-{workers}.log").open("w")
+        self.process = subprocess.Popen(server_command(server, self.port, workers), cwd=ROOT, env=console.env,
+                                        stdout=subprocess.DEVNULL, stderr=log)
+        self.workers = workers
+        self._wait()
+
+    def _wait(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"{self.name} exited"
+            # uvicorn answers once its first worker is up: wait for all of them, so none starts during a round (with
+            # one worker uvicorn serves from its own process, with more from that many children)
+            if len(self.processes()) == (1 if self.workers == 1 else self.workers + 1):
+                try:
+                    if httpx.get(f"{self.url}/login/", timeout=1).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} did not start")
+
+    def processes(self) -> list[psutil.Process]:
+        """The server and its workers (uvicorn's multiprocessing helper aside, which serves nothing)."""
+        parent = psutil.Process(self.process.pid)
+        children = [child for child in parent.children() if "resource_tracker" not in " ".join(child.cmdline())]
+        return [parent, *children]
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+class Console:
+    """A fresh database with one viewer user, the telemetry bridge, and the ASGI servers asked for, all on that
+    database; the first server is the one the websocket phase and the API phase use."""
+
+    def __init__(self, redis_url: str, servers: tuple[tuple[str, int], ...] = (("daphne", 1),)):
+        self.folder = Path(tempfile.mkdtemp(prefix="seam-console-load-"))
         self.channel = f"seam:bench:{secrets.token_hex(4)}:telemetry"
         self.redis_url = redis_url
         self.env = {**os.environ, "DATABASE_URL": f"sqlite:///{self.folder / 'db.sqlite3'}", "REDIS_URL": redis_url,
                     "SEAM_TELEMETRY_CHANNEL": self.channel, "SEAM_DEBUG": "0", "SEAM_SSL_REDIRECT": "0",
-                    "SEAM_SECRET_KEY": secrets.token_urlsafe(64), "SEAM_STATIC_ROOT": str(self.folder / "static"),
+                    "SEAM_SECRET_KEY": secrets.token_urlsafe(64), "SEAM_AUDIT_KEY": secrets.token_urlsafe(48),
+                    "SEAM_VAR_DIR": str(self.folder / "var"), "SEAM_STATIC_ROOT": str(self.folder / "static"),
                     "DJANGO_SETTINGS_MODULE": "console.settings"}
         self.password = secrets.token_urlsafe(12)
         self._prepare()
         self.bridge = subprocess.Popen([sys.executable, "manage.py", "telemetry_bridge"], cwd=ROOT, env=self.env,
                                        stdout=subprocess.DEVNULL, stderr=(self.folder / "bridge.log").open("w"))
-        self.server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                                        "console.asgi:application"], cwd=ROOT, env=self.env,
-                                       stdout=subprocess.DEVNULL, stderr=(self.folder / "daphne.log").open("w"))
-        self._wait()
+        self.servers = [Server(self, server, workers) for server, workers in servers]
+        self.server = self.servers[0]
+        self.port, self.url = self.server.port, self.server.url
         self.session_cookie = self._login()
         self.token = httpx.post(f"{self.url}/api/v1/auth/token/",
                                 json={"username": "bench", "password": self.password}).json()["token"]
@@ -127,16 +183,6 @@ class Console:
         for n in range(200):  # an audit trail to page through (the jobs list stays as a fresh console has it)
             record(actor=user, action="bench.event", subject=f"bench:{n}", payload={"n": n})
 
-    def _wait(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/login/", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError("the console did not start")
-
     def _login(self) -> str:
         """The login form, as a browser posts it (the cookies are Secure in production: sent by hand here)."""
         page = httpx.get(f"{self.url}/login/")
@@ -148,9 +194,10 @@ class Console:
         return reply.cookies["sessionid"]
 
     def close(self) -> None:
-        for process in (self.server, self.bridge):
-            process.terminate()
-            process.wait(timeout=30)
+        for server in self.servers:
+            server.close()
+        self.bridge.terminate()
+        self.bridge.wait(timeout=30)
 
 
 async def _socket(console: Console, subscribed: asyncio.Semaphore, stop: asyncio.Event, received: list) -> None:
@@ -175,12 +222,12 @@ async def websocket_phase(console: Console, clients: int, seconds: float, hz: fl
     tasks = [asyncio.create_task(_socket(console, subscribed, stop, received[i])) for i in range(clients)]
     for _ in range(clients):
         await asyncio.wait_for(subscribed.acquire(), 60)
-    server, bridge = psutil.Process(console.server.pid), psutil.Process(console.bridge.pid)
-    server.cpu_percent(None), bridge.cpu_percent(None)
+    server, bridge = console.server.processes(), [psutil.Process(console.bridge.pid)]
+    _cpu(server), _cpu(bridge)
     publisher = TelemetryPublisher(synthetic_snapshots(), console.redis_url, console.channel, hz=hz).start()
     await asyncio.sleep(seconds)
     publisher.stop()
-    cpu = {"daphne_cpu_pct": server.cpu_percent(None), "bridge_cpu_pct": bridge.cpu_percent(None)}
+    cpu = {"daphne_cpu_pct": _cpu(server), "bridge_cpu_pct": _cpu(bridge)}
     await asyncio.sleep(1.0)  # the last snapshots in flight
     stop.set()
     await asyncio.gather(*tasks)
@@ -194,7 +241,7 @@ async def websocket_phase(console: Console, clients: int, seconds: float, hz: fl
 
 async def api_phase(console: Console, clients: int, requests_each: int) -> dict:
     headers = {"Authorization": f"Token {console.token}"}
-    server, me = psutil.Process(console.server.pid), psutil.Process()
+    server, me = console.server.processes(), [psutil.Process()]
     results = {}
     async with httpx.AsyncClient(base_url=console.url, headers=headers, timeout=60,
                                  limits=httpx.Limits(max_connections=clients)) as http:
@@ -211,14 +258,70 @@ async def api_phase(console: Console, clients: int, requests_each: int) -> dict:
             alone: list[float] = []  # one client at a time: the service time, without queueing
             await one_client(path, alone)
             latencies: list[float] = []
-            server.cpu_percent(None), me.cpu_percent(None)
+            _cpu(server), _cpu(me)
             start = time.perf_counter()
             await asyncio.gather(*(one_client(path, latencies) for _ in range(clients)))
             elapsed = time.perf_counter() - start
             results[name] = {**_percentiles(latencies), "rps": round(len(latencies) / elapsed, 1),
-                             "daphne_cpu_pct": server.cpu_percent(None), "clients_cpu_pct": me.cpu_percent(None),
+                             "daphne_cpu_pct": _cpu(server), "clients_cpu_pct": _cpu(me),
                              "alone_p50_ms": _percentiles(alone)["p50_ms"]}
     return {"clients": clients, "requests_each": requests_each, "endpoints": results}
+
+
+async def _load(server: Server, token: str, path: str, clients: int, requests_each: int) -> dict:
+    """`clients` concurrent clients, `requests_each` requests each, at `path`: rate, latencies, CPU."""
+    processes, me = server.processes(), [psutil.Process()]
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Token {token}"}, timeout=60,
+                                 limits=httpx.Limits(max_connections=clients)) as http:
+        latencies: list[float] = []
+        dropped: list[str] = []
+
+        async def one_client() -> None:
+            for _ in range(requests_each):
+                start = time.perf_counter()
+                try:
+                    response = await http.get(path)
+                except httpx.TransportError as error:  # counted, not timed: a connection the server closed
+                    dropped.append(type(error).__name__)
+                    continue
+                latencies.append((time.perf_counter() - start) * 1000)
+                assert response.status_code == 200, (path, response.status_code)
+
+        _cpu(processes), _cpu(me)
+        start = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+        server_cpu = _cpu(processes)
+        # CPU per request: what a request costs the server, whatever share of the machine it got
+        return {"rps": round(len(latencies) / elapsed, 1), **_percentiles(latencies), "server_cpu_pct": server_cpu,
+                "clients_cpu_pct": _cpu(me), "dropped": len(dropped),
+                "server_cpu_ms_per_request": round(server_cpu / 100 * elapsed / len(latencies) * 1000, 2)}
+
+
+def scaling_phase(console: Console, clients: int, requests_each: int, rounds: int) -> dict:
+    """The jobs list under `clients` clients on every server of `console`, in `rounds` interleaved rounds (the order
+    rotated each round); each server's figure is its median round."""
+    path = API_PATHS["jobs list"]
+    alone = {}
+    for server in console.servers:
+        asyncio.run(_load(server, console.token, path, clients, 2))  # every worker has served before it is timed
+        alone[server.name] = asyncio.run(_load(server, console.token, path, 1, 20))["p50_ms"]
+    runs: dict[str, list[dict]] = {server.name: [] for server in console.servers}
+    for n in range(rounds):
+        order = console.servers[n % len(console.servers):] + console.servers[:n % len(console.servers)]
+        for server in order:
+            runs[server.name].append(asyncio.run(_load(server, console.token, path, clients, requests_each)))
+    servers = {}
+    for server in console.servers:
+        by_rate = sorted(runs[server.name], key=lambda run: run["rps"])
+        servers[server.name] = {"workers": server.workers, **by_rate[len(by_rate) // 2],
+                                "rounds_rps": [run["rps"] for run in runs[server.name]],
+                                "alone_p50_ms": alone[server.name]}
+    base = servers.get("uvicorn --workers 1")  # the same server, one process: what more workers add
+    for row in servers.values():
+        row["speedup_vs_one_uvicorn_worker"] = round(row["rps"] / base["rps"], 2) if base else None
+    return {"endpoint": path, "clients": clients, "requests_each": requests_each, "rounds": rounds,
+            "servers": servers}
 
 
 def main() -> None:
@@ -229,10 +332,16 @@ def main() -> None:
     parser.add_argument("--hz", type=float, default=10.0)
     parser.add_argument("--api-clients", type=int, default=50)
     parser.add_argument("--requests-each", type=int, default=10)
+    parser.add_argument("--workers", metavar="N,N", help="instead: the jobs list on daphne and on uvicorn with each "
+                        "number of workers (e.g. 1,2), in --rounds interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    machine = {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
-               "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
+    machine = {"cpus": os.cpu_count(), "machine": platform.machine(), "cpu_model": _cpu_model(),
+               "python": platform.python_version(), "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
+    if args.workers:
+        scaling(args, machine)
+        return
     console = Console(args.redis_url)
     try:
         live = asyncio.run(websocket_phase(console, args.clients, args.seconds, args.hz))
@@ -252,6 +361,36 @@ def main() -> None:
         print(f"  {name:20} p50 {row['p50_ms']:8.1f} ms  p99 {row['p99_ms']:8.1f} ms  {row['rps']:7.1f} req/s  "
               f"CPU daphne {row['daphne_cpu_pct']:.0f}%, clients {row['clients_cpu_pct']:.0f}%  "
               f"(one client alone: p50 {row['alone_p50_ms']:.1f} ms)")
+
+
+def scaling(args: argparse.Namespace, machine: dict) -> None:
+    workers = [int(n) for n in args.workers.split(",")]
+    console = Console(args.redis_url, (("daphne", 1), *(("uvicorn", n) for n in workers)))
+    try:
+        result = scaling_phase(console, args.api_clients, args.requests_each, args.rounds)
+    finally:
+        console.close()
+    machine["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    if args.json:
+        print(json.dumps({"machine": machine, "scaling": result}, indent=2))
+        return
+    print(f"machine: {machine}")
+    print(f"{result['endpoint']}: {result['clients']} clients x {result['requests_each']} requests, median of "
+          f"{result['rounds']} interleaved rounds")
+    for name, row in result["servers"].items():
+        print(f"  {name:20} {row['rps']:7.1f} req/s (x{row['speedup_vs_one_uvicorn_worker']} one uvicorn worker; "
+              f"rounds {row['rounds_rps']})  p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms  CPU server "
+              f"{row['server_cpu_pct']:.0f}% ({row['server_cpu_ms_per_request']} ms a request), clients "
+              f"{row['clients_cpu_pct']:.0f}%  (alone: p50 "
+              f"{row['alone_p50_ms']:.1f} ms)")
+
+
+def _cpu_model() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
     GET  /control/operations?plan_hash=     -> [Operation]    the operations started for one plan
     GET  /control/operations/{id}           -> Operation
     GET  /control/audit-head?trail=         -> the audit head the engine witnessed of one trail, or None
+    GET  /healthz                           -> Health         200 ok | 503 unhealthy, both with the report
 
 The replies are contracts/control.py's and contracts/plan.py's types, parsed here, once: the rest of the console reads
 attributes. Every call carries the control token (`Authorization: Bearer $SEAM_ENGINE_TOKEN`,
@@ -30,6 +31,7 @@ from contracts.attestation import CONTROL_TOKEN_ENV, bearer_token
 from contracts.control import (
     Accepted,
     EngineState,
+    Health,
     Operation,
     OperationList,
     Refusal,
@@ -115,8 +117,15 @@ class EngineClient:
         None."""
         return self._parsed(Witnessed.from_dict, "GET", "/control/audit-head", params={"trail": trail}).witnessed
 
+    def health(self) -> Health:
+        """Whether the engine can serve (open, no token needed): its 503 carries the same report, `ok` false, with
+        the reason, so an unhealthy engine is an answer here, not a refusal."""
+        return self._parsed(Health.from_dict, "GET", "/healthz", answers={503})
+
     # --- plumbing --------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> Any:
+    def _call(self, method: str, path: str, body: dict | None = None, params: dict | None = None,
+              answers: frozenset[int] | set[int] = frozenset()) -> Any:
+        """The JSON object the engine answered; an error status not in `answers` is EngineRefused."""
         where = f"{method} {self.base_url}{path}"
         try:
             response = self._http.request(method, path, json=body, params=params)
@@ -134,7 +143,7 @@ class EngineClient:
             data = response.json()
         except ValueError:
             data = None
-        if response.is_error:
+        if response.is_error and response.status_code not in answers:
             try:
                 message = Refusal.from_dict(data).message
             except ContractError:  # not the engine's own refusal (a proxy's page, say): its text says what happened
@@ -147,9 +156,9 @@ class EngineClient:
         return data
 
     def _parsed(self, parse: Callable[[Any], Reply], method: str, path: str, body: dict | None = None,
-                params: dict | None = None) -> Reply:
+                params: dict | None = None, answers: frozenset[int] | set[int] = frozenset()) -> Reply:
         """The reply to one call as its contract type; EngineError naming the field when it does not parse."""
-        data = self._call(method, path, body, params)
+        data = self._call(method, path, body, params, answers)
         try:
             return parse(data)
         except ContractError as error:

@@ -51,6 +51,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "console.audit.request_id.RequestIdMiddleware",
+    # /healthz and /readyz, answered before the host check, the HTTPS redirect, sessions and logins (console.probes).
+    "console.probes.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -93,10 +95,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         timeout=float(os.environ.get("SEAM_SQLITE_TIMEOUT_S", "20")), transaction_mode="IMMEDIATE",
         init_command="PRAGMA journal_mode=WAL;")
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # libpq waits for a server that never answers as long as TCP does (minutes): fail a connection in seconds, so a
+    # request, a task and the /readyz probe report the outage instead of hanging on it. A URL's own value wins.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", int(os.environ.get("SEAM_DB_CONNECT_TIMEOUT_S", "5")))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 ENGINE_URL = os.environ.get("SEAM_ENGINE_URL", "http://127.0.0.1:8100")
+# The longest GET /readyz waits for any one of its checks (database, Redis, engine; console.probes).
+SEAM_READYZ_TIMEOUT_S = float(os.environ.get("SEAM_READYZ_TIMEOUT_S", "3"))
 # The model and rig the engine runs, for the planner's frontier page and API.
 SEAM_RIG = os.environ.get("SEAM_RIG", "cpu-demo")
 SEAM_MODEL = os.environ.get("SEAM_MODEL", "demo-hybrid-16")
