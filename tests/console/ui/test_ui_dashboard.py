@@ -134,7 +134,8 @@ def test_dashboard_shows_model_rig_fingerprint_stage_times_and_latency(browse, v
     assert text_of(page, "engine-rig") == "cpu-demo"
     assert text_of(page, "engine-fingerprint") == "0123456789abcdef"
     # decode: median ± spread per rank; prefill had no steps in the window
-    assert stage_rows(page) == [("0", "12.35 ± 0.50", "—"), ("1", "6.50 ± 0.25", "—"), ("2", "4.00 ± 0.10", "—")]
+    assert stage_rows(page) == [("0", "12.35 ± 0.50 ms", "—"), ("1", "6.50 ± 0.25 ms", "—"),
+                                ("2", "4.00 ± 0.10 ms", "—")]
     assert 'data-testid="stages-not-measured" id="stages-not-measured" hidden' in page
     assert text_of(page, "latency-ttft") == "81.50 ms" and text_of(page, "latency-itl") == "12.25 ms"
 
