@@ -82,6 +82,10 @@ def test_frontier_page_says_where_the_incumbent_timing_and_noise_floor_come_from
                           re.S).group(1)
     assert ('data-testid="measured-stage-ms"><span class="nowrap">14.00 · 12.50 · 12.00 ms</span> '
             '<span class="muted">(1)</span>') in incumbent
+    # The fitted timing is named once, by the provenance list: no notice repeats it.
+    assert 'data-testid="timing-source" data-source="measured">fitted over 2 measured layout samples<' in page
+    shown = re.sub(r"<script.*?</script>", "", page, flags=re.S)  # the chart's data is not shown as text
+    assert shown.count("fitted over 2 measured layout sample") == 1
 
 
 def test_calibration_and_frontier_pages_show_the_held_out_validation(browse, viewer, dead_engine, seed):
