@@ -1,4 +1,5 @@
-"""The pages' forms: a job proposal (turned into the service's plan body) and the audit filter."""
+"""The pages' forms: a job proposal (turned into the service's plan body), the audit filter and the dashboard's
+time range."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from django.db.models import QuerySet
 
 from console.jobs.choices import JobKind
 
-__all__ = ["SHAPE_FIELDS", "AuditFilterForm", "ProposeForm"]
+__all__ = ["SHAPE_FIELDS", "TIME_RANGES", "AuditFilterForm", "ProposeForm", "TimeRangeForm"]
 
 SHAPE_NUMBERS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
 SHAPE_FIELDS = (*SHAPE_NUMBERS, "kv_dtype")
@@ -96,3 +97,19 @@ class AuditFilterForm(forms.Form):
         if data.get("until"):
             events = events.filter(timestamp__lte=data["until"])
         return events
+
+
+# The dashboard charts' time ranges: `?range=<key>` -> (label, seconds). No range: the recent snapshots, as held.
+TIME_RANGES = {"15m": ("15 min", 15 * 60), "1h": ("1 h", 3600), "6h": ("6 h", 6 * 3600), "24h": ("24 h", 24 * 3600)}
+
+
+class TimeRangeForm(forms.Form):
+    range = forms.ChoiceField(
+        required=False, choices=[("", "recent"), *((key, label) for key, (label, _) in TIME_RANGES.items())],
+        error_messages={"invalid_choice": "%(value)s is not a time range: use one of "
+                                          + ", ".join(TIME_RANGES) + ", or none for the recent snapshots"})
+
+    def seconds(self) -> int | None:
+        """The (valid) range's length in seconds; None for the recent snapshots."""
+        key = self.cleaned_data.get("range")
+        return TIME_RANGES[key][1] if key else None

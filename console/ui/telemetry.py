@@ -1,9 +1,14 @@
 """The engine's telemetry as the dashboard loads it: the newest snapshot and a short history, from Redis, read as
-contracts/telemetry.py's Snapshot."""
+contracts/telemetry.py's Snapshot.
+
+The history is what the engine still holds in its recent list (engine/telemetry/publisher.py keeps the last 256
+snapshots, about a minute at its default 4 Hz): the last HISTORY of them, or, for a time range, every held snapshot
+inside it."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import redis
@@ -32,11 +37,13 @@ def _history_point(snapshot: Snapshot) -> dict:
                        "running": engine.running, "waiting": engine.waiting}}
 
 
-def read_telemetry() -> Telemetry:
+def read_telemetry(range_s: int | None = None) -> Telemetry:
+    """The newest snapshot, and the history: the last HISTORY snapshots, or those of the last `range_s` seconds."""
     latest_key, recent_key = telemetry_keys(settings.TELEMETRY_CHANNEL)
     client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
     try:
-        raw_latest, raw_recent = client.get(latest_key), client.lrange(recent_key, 0, HISTORY - 1)
+        raw_latest = client.get(latest_key)
+        raw_recent = client.lrange(recent_key, 0, -1 if range_s else HISTORY - 1)
     except redis.RedisError as error:
         return Telemetry(error=f"the telemetry store at {settings.REDIS_URL} is unreachable ({error})")
     finally:
@@ -44,7 +51,9 @@ def read_telemetry() -> Telemetry:
     latest = _snapshot(raw_latest)
     if raw_latest is not None and latest is None:
         return Telemetry(error=f"the snapshot at {latest_key} is not a telemetry snapshot")
-    history = sorted((snap for snap in map(_snapshot, raw_recent) if snap is not None), key=lambda s: s.seq)
+    since = time.time() - range_s if range_s else float("-inf")
+    history = sorted((snap for snap in map(_snapshot, raw_recent) if snap is not None and snap.ts >= since),
+                     key=lambda s: s.seq)
     return Telemetry(latest=latest, history=[_history_point(snap) for snap in history])
 
 

@@ -2,7 +2,7 @@
 // to "telemetry" it fetches the snapshots after the seq it holds and applies them in order, holding back live
 // ones until the fetch answers, so nothing between load and subscribe (or during an outage) is missed.
 
-import { tokens } from "./format.js";
+import { cut as cutText, ms as msText, tokens } from "./format.js";
 import { connectLive } from "./live.js";
 import { renderRankBars } from "./rank_bars.js";
 import { Sparklines } from "./sparklines.js";
@@ -13,7 +13,7 @@ const KEEP_APPLIED = 5000;
 const byId = (id) => document.getElementById(id);
 const initial = JSON.parse(byId("telemetry-snapshot").textContent);
 const sparklines = new Sparklines(byId("throughput-chart"), byId("queue-chart"),
-  JSON.parse(byId("telemetry-history").textContent));
+  JSON.parse(byId("telemetry-history").textContent), JSON.parse(byId("telemetry-range").textContent));
 
 // Seqs applied, in order (for tests and for a look from the console: window.seamTelemetry.applied).
 const state = { seq: initial ? initial.seq : -1, ts: initial ? initial.ts : 0, applied: [] };
@@ -25,6 +25,7 @@ function summary(snapshot) {
   const engine = snapshot.engine || {};
   const pools = snapshot.ranks.map((rank) => rank.kv || {}).filter((kv) => kv.tokens_total);
   return {
+    cutList: engine.cut || [],
     cut: (engine.cut || []).join(","),
     kvTotal: pools.length ? Math.min(...pools.map((kv) => kv.tokens_total)) : 0,
     kvUsed: pools.length ? Math.max(...pools.map((kv) => kv.tokens_used || 0)) : 0,
@@ -61,8 +62,8 @@ function measured(engine, ranks) {
   return { model: m.model || "", rig: m.rig || "", fingerprint: m.fingerprint || "", stages, steps, latency };
 }
 
-const ms = (value) => (value == null ? "not measured yet" : `${value.toFixed(2)} ms`);
-const spread = (cell) => (cell ? `${cell.median.toFixed(2)} ± ${cell.spread.toFixed(2)}` : "—");
+const ms = (value) => (value == null ? "not measured yet" : msText(value));
+const spread = (cell) => (cell ? `${cell.median.toFixed(2)} ± ${msText(cell.spread)}` : "—");
 
 function renderMeasured(figures) {
   byId("engine-model").textContent = figures.model || "—";
@@ -107,7 +108,7 @@ function render(snapshot) {
   byId("telemetry-time").textContent = snapshot.ts ? `at ${new Date(snapshot.ts * 1000).toLocaleTimeString()}` : "";
   const cut = byId("current-cut");
   cut.dataset.cut = figures.cut;
-  cut.textContent = figures.cut || "—";
+  cut.textContent = cutText(figures.cutList);
   const shape = figures.shape;
   byId("current-shape").textContent =
     `${shape.max_model_len} tokens × ${shape.max_num_seqs} seqs, KV ${shape.kv_dtype || "model dtype"}`;

@@ -2,27 +2,29 @@
 // each point's speedup interval from the fitted timing drawn as an error bar (and a measured cut's measured pool as
 // a horizontal one); hovering shows a point's figures and clicking one opens a proposal for its cut.
 
+import { cut, msList, speedup } from "./format.js";
+
 const data = JSON.parse(document.getElementById("frontier-data").textContent);
 const { frontier, propose_url: proposeUrl } = data;
 const noiseFloor = frontier.noise_floor;
 const floorSource = frontier.noise_floor_source === "measured" ? "measured" : "rig's";
 
 const hover = [
-  "cut %{customdata[0]}", "attention split %{customdata[1]}", "pool %{x:,} tokens (binds: rank %{customdata[2]})",
-  "× pipelined %{y:.3f} (interval %{customdata[5]}), × serial %{customdata[3]:.3f}", "provenance: %{customdata[4]}",
+  "cut %{customdata[7]}", "attention split %{customdata[1]}", "pool %{x:,} tokens (binds: rank %{customdata[2]})",
+  "× pipelined %{y:.2f}x (interval %{customdata[5]}), × serial %{customdata[3]}", "provenance: %{customdata[4]}",
   "measured: %{customdata[6]}", "<extra></extra>",
 ].join("<br>");
 
 function interval(point) {
   const bounds = point.x_pipelined_interval;
   if (!bounds) return "none: nothing measured";
-  return `${bounds[0].toFixed(3)}–${bounds[1].toFixed(3)}`;
+  return `${speedup(bounds[0])}–${speedup(bounds[1])}`;
 }
 
 function measured(point) {
   const seen = point.measured;
   if (!seen) return "not measured";
-  const stages = seen.stage_ms ? `stage ms ${seen.stage_ms.join(", ")} (${seen.samples} samples)` : "no decode steps";
+  const stages = seen.stage_ms ? `stage times ${msList(seen.stage_ms)} (${seen.samples} samples)` : "no decode steps";
   return `${stages}, pool ${seen.pool_tokens ?? "not at this shape"}`;
 }
 
@@ -51,8 +53,8 @@ function trace(points, name, marker, mode) {
     type: "scatter", mode, name, marker, hovertemplate: hover, error_y: errorY(points), error_x: errorX(points),
     x: points.map((point) => point.pool_tokens),
     y: points.map((point) => point.x_pipelined),
-    customdata: points.map((point) => [point.cut.join(","), point.attention_split.join(","),
-      point.binding_rank ?? "none", point.x_serial, point.provenance, interval(point), measured(point)]),
+    customdata: points.map((point) => [point.cut.join(","), cut(point.attention_split),
+      point.binding_rank ?? "none", speedup(point.x_serial), point.provenance, interval(point), measured(point), cut(point.cut)]),
   };
 }
 

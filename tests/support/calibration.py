@@ -6,7 +6,7 @@ import httpx
 from django.utils import timezone
 
 from console.calibration import recording
-from console.calibration.models import JobPrediction
+from console.calibration.models import JobPrediction, MeasuredLayout
 from console.engine import EngineClient
 from console.jobs.models import Job
 from contracts.control import EngineState
@@ -56,6 +56,14 @@ class FakeEngine:
 
 
 A = (2.0, 2.5, 3.0)  # ms per layer of each rank in crafted stage times: linear, no fixed cost
+
+
+def record_measurement(cut: list[int], decode_ms: list[float] | None = None, **kwargs) -> MeasuredLayout:
+    """Record a crafted measurement of `cut` as the console's periodic recording would (kwargs: measurement's)."""
+    row = recording.record(EngineState.from_dict(state_of(measurement(cut, decode_ms, **kwargs))), "periodic",
+                           engine_url=URL)
+    assert row is not None
+    return row
 
 
 def stages(cut: list[int]) -> list[float]:

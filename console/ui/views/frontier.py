@@ -22,8 +22,12 @@ def frontier(request):
     rows = [{"point": point, "incumbent": point["cut"] == incumbent["cut"]} for point in points]
     if not any(row["incumbent"] for row in rows):
         rows.insert(0, {"point": incumbent, "incumbent": True})
+    # The timing's own notes say where the timing came from, which the provenance list shows: each note once.
+    timing_notes = computed["timing"]["notes"]
+    notes = [note for note in computed["notes"] if note not in timing_notes]
     # The noise floor the frontier used: measured from repeats of one layout once there are enough, else the rig's.
     return render(request, "ui/frontier.html", {
-        "frontier": computed, "rows": rows, "noise_floor": computed["noise_floor"],
+        "frontier": computed, "rows": rows, "notes": notes, "timing_notes": timing_notes,
+        "noise_floor": computed["noise_floor"],
         "chart": {"frontier": computed, "noise_floor": computed["noise_floor"], "propose_url": reverse("job-new")},
     })

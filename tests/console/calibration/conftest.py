@@ -6,21 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.calibration import URL, measurement, state_of
+from tests.support.calibration import record_measurement
 from tests.support.live_service import free_port
 
 
 @pytest.fixture
 def seed(db):
     """seed(cut, decode_ms, **measurement kwargs) -> the MeasuredLayout row recorded from it (periodic)."""
-    from console.calibration.recording import record
-    from contracts.control import EngineState
-
-    def make(cut, decode_ms=None, **kwargs):
-        row = record(EngineState.from_dict(state_of(measurement(cut, decode_ms, **kwargs))), "periodic", engine_url=URL)
-        assert row is not None
-        return row
-    return make
+    return record_measurement
 
 
 @pytest.fixture

@@ -58,12 +58,12 @@ def test_predictions_page_and_the_job_page_show_the_prediction(browse, viewer, d
     page = client.get("/predictions/").content.decode()
     row = re.search(rf'<tr data-testid="prediction-row" data-job-id="{prediction.job_id}">(.*?)</tr>', page,
                     re.S).group(1)
-    assert '<td class="mono" data-testid="layout-diff">8,4,4 -&gt; 9,4,3</td>' in row
+    assert 'data-testid="layout-diff">8 · 4 · 4 → 9 · 4 · 3</td>' in row
     assert 'data-testid="predicted-pool">10000<' in row and 'data-testid="measured-pool">9800<' in row
-    assert "-2.0%" in row and "+10.0%" in row and "19.80, 10.00, 9.00" in row
+    assert "-2.0%" in row and "+10.0%" in row and "19.80 · 10.00 · 9.00 ms" in row
     assert "mean 2.0%" not in page and "mean +2.0%" in page  # sizes: |error|
     job_page = client.get(f"/jobs/{prediction.job_id}/").content.decode()
-    assert 'data-testid="job-prediction"' in job_page and "8,4,4 -&gt; 9,4,3" in job_page
+    assert 'data-testid="job-prediction"' in job_page and "8 · 4 · 4 → 9 · 4 · 3" in job_page
     assert 'data-testid="prediction-measured-pool">9800<' in job_page
     assert len(re.findall(r'data-testid="prediction-rank"', job_page)) == 3
 
@@ -80,7 +80,12 @@ def test_frontier_page_says_where_the_incumbent_timing_and_noise_floor_come_from
     assert all(len(point["x_pipelined_interval"]) == 2 for point in chart["frontier"]["points"])
     incumbent = re.search(r'<tr data-testid="frontier-point" data-cut="7,5,4" data-incumbent="true">(.*?)</tr>', page,
                           re.S).group(1)
-    assert 'data-testid="measured-stage-ms">14.0,12.5,12.0 <span class="muted">(1)</span>' in incumbent
+    assert ('data-testid="measured-stage-ms"><span class="nowrap">14.00 · 12.50 · 12.00 ms</span> '
+            '<span class="muted">(1)</span>') in incumbent
+    # The fitted timing is named once, by the provenance list: no notice repeats it.
+    assert 'data-testid="timing-source" data-source="measured">fitted over 2 measured layout samples<' in page
+    shown = re.sub(r"<script.*?</script>", "", page, flags=re.S)  # the chart's data is not shown as text
+    assert shown.count("fitted over 2 measured layout sample") == 1
 
 
 def test_calibration_and_frontier_pages_show_the_held_out_validation(browse, viewer, dead_engine, seed):

@@ -128,3 +128,32 @@ def test_details_are_shown_whole_as_indented_json(browse, viewer, make_user):
     assert '>{\n  "payload": {\n    "' in html.unescape(page)  # indented, one key a line
     assert "<script>alert" not in page and "&lt;script&gt;" in page  # escaped, never markup
     assert "Zoë" in page and "{'reason'" not in page  # JSON, not a Python repr
+
+
+def rows_of(page: str) -> list[str]:
+    return re.findall(r'<tr data-testid="audit-row".*?</tr>', page, re.S)
+
+
+def test_each_event_is_one_row_with_a_summary_and_its_details_on_demand(browse, viewer, make_user):
+    actor = make_user("operator", name="olga")
+    plan_hash = "ab" * 32
+    record(actor=actor, action="job.approved", subject="job:7", request_id="req-42",
+           payload={"plan_hash": plan_hash, "approvals": 1, "note": None},
+           before={"status": "proposed"}, after={"status": "approved"})
+    record(actor=actor, action="test.long", subject="page", payload={"reason": "y" * 400})
+    page = browse(viewer).get("/audit/").content.decode()
+    rows = rows_of(page)
+    assert len(rows) == 2
+    assert all(row.count("<details") == 1 and "<details open" not in row for row in rows)  # closed until asked
+    summaries = re.findall(r'<summary data-testid="audit-summary">([^<]*)</summary>', page)
+    assert summaries[1] == f"proposed → approved · approvals=1 · plan_hash={plan_hash[:12]}…"  # None left out
+    assert len(summaries[0]) == 100 and summaries[0].endswith("…")  # long payloads are cut in the line
+    approved = rows[1]
+    assert '<td class="mono">job.approved</td>' in approved and '<a href="/jobs/7/">job:7</a>' in approved
+    event = AuditEvent.objects.get(action="job.approved")
+    # What the page showed before the one-line rows stays reachable in the details: payload whole, before and after,
+    # the request id and both hashes.
+    assert details(page)[1] == {"payload": event.payload, "before": {"status": "proposed"},
+                                "after": {"status": "approved"}}
+    assert 'data-testid="audit-request-id">req-42<' in approved
+    assert f'data-testid="audit-hash">{event.hash} ' in approved and event.prev_hash in approved

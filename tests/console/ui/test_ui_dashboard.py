@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 import uuid
 
 import pytest
@@ -134,7 +135,8 @@ def test_dashboard_shows_model_rig_fingerprint_stage_times_and_latency(browse, v
     assert text_of(page, "engine-rig") == "cpu-demo"
     assert text_of(page, "engine-fingerprint") == "0123456789abcdef"
     # decode: median ± spread per rank; prefill had no steps in the window
-    assert stage_rows(page) == [("0", "12.35 ± 0.50", "—"), ("1", "6.50 ± 0.25", "—"), ("2", "4.00 ± 0.10", "—")]
+    assert stage_rows(page) == [("0", "12.35 ± 0.50 ms", "—"), ("1", "6.50 ± 0.25 ms", "—"),
+                                ("2", "4.00 ± 0.10 ms", "—")]
     assert 'data-testid="stages-not-measured" id="stages-not-measured" hidden' in page
     assert text_of(page, "latency-ttft") == "81.50 ms" and text_of(page, "latency-itl") == "12.25 ms"
 
@@ -156,3 +158,37 @@ def test_a_malformed_measurement_is_named_not_a_500(browse, viewer, channel):
     response = browse(viewer).get("/")
     assert response.status_code == 200
     assert "measurement.decode" in text_of(response.content.decode(), "measurement-error")
+
+
+def aged(seq: int, age_s: float) -> dict:
+    """A snapshot the engine published `age_s` seconds ago."""
+    return {**snapshot(seq), "ts": time.time() - age_s}
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("", [1, 2, 3, 4]),  # no range: the recent snapshots as held, as before there was a range
+    ("?range=24h", [1, 2, 3, 4]), ("?range=6h", [2, 3, 4]), ("?range=1h", [3, 4]), ("?range=15m", [4]),
+])
+def test_the_charts_show_only_their_time_range(browse, viewer, channel, query, expected):
+    publish(channel, aged(1, 7 * 3600), aged(2, 2 * 3600), aged(3, 20 * 60), aged(4, 60))
+    response = browse(viewer).get(f"/{query}")
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert [point["seq"] for point in embedded(page, "telemetry-history")] == expected
+    key = query.removeprefix("?range=") or "recent"
+    assert embedded(page, "telemetry-range") == {"": None, "24h": 86400, "6h": 21600, "1h": 3600, "15m": 900}[
+        query.removeprefix("?range=")]
+    links = re.findall(r'<a href="([^"]*)" data-range="([^"]+)"( aria-current="true")?>', page)
+    assert [(href, name) for href, name, _ in links] == [("/", "recent"), ("/?range=15m", "15m"),
+                                                        ("/?range=1h", "1h"), ("/?range=6h", "6h"),
+                                                        ("/?range=24h", "24h")]
+    assert [name for _, name, current in links if current] == [key]
+    assert embedded(page, "telemetry-snapshot")["seq"] == 4  # the newest snapshot whatever the range
+
+
+def test_an_unknown_time_range_is_a_400_naming_the_ranges(browse, viewer, channel):
+    publish(channel, aged(1, 60))
+    response = browse(viewer).get("/?range=7d")
+    assert response.status_code == 400
+    error = text_of(response.content.decode(), "form-error")
+    assert error.startswith("range: 7d is not a time range") and "15m, 1h, 6h, 24h" in error

@@ -67,3 +67,19 @@ def test_a_model_the_planner_cannot_price_is_reported_not_a_traceback(browse, vi
     response = browse(viewer).get("/frontier/")
     assert response.status_code == 503
     assert "cannot be computed for the configured model and rig" in response.content.decode()
+
+
+def test_figures_are_formatted_and_the_timing_note_is_shown_once(browse, viewer):
+    page = browse(viewer).get("/frontier/").content.decode()
+    incumbent = re.search(r'<tr data-testid="frontier-point" data-cut="7,5,4" data-incumbent="true">(.*?)</tr>', page,
+                          re.S).group(1)
+    assert '<td class="mono nowrap">7 · 5 · 4<br><span class="badge binds">incumbent</span></td>' in incumbent
+    assert re.search(r'data-testid="pipelined-ms">\d+\.\d\d ms<', incumbent)
+    assert 'data-testid="x-pipelined">1.00x<' in incumbent
+    assert 'data-testid="incumbent-cut">7 · 5 · 4<' in page
+    # The rig's timing says so once, in the provenance list, not again as a notice under it.
+    shown = re.sub(r"<script.*?</script>", "", page, flags=re.S)  # the chart's data is not shown as text
+    assert shown.count("no measured layout with decode steps yet") == 1
+    assert re.search(r'data-testid="timing-source" data-source="rig">no measured layout with decode steps yet', page)
+    notes = re.findall(r'data-testid="frontier-note">([^<]*)<', page)
+    assert notes and len(notes) == len(set(notes)) and not any("no measured layout" in note for note in notes)

@@ -34,6 +34,10 @@ def test_a_prefilled_cut_shows_the_engines_prediction(browse, operator, live_eng
     fingerprint = live_engine.state()["fingerprint"]
     assert f'name="incumbent_fingerprint" value="{fingerprint}"' in page
     assert 'data-testid="propose-submit"' in page
+    # The per-rank budget in binary units, the cut as the other pages write it.
+    assert re.search(r'<td class="num">\d+\.\d (KiB|MiB|GiB)</td>', page)
+    assert not re.search(r"\d (KB|MB|GB|bytes)\b", page)
+    assert f'<p>Cut <span class="mono">{" · ".join(map(str, cut))}</span>' in page
 
 
 def test_proposing_through_the_form_creates_the_job_through_the_service(browse, post_form, operator, live_engine):

@@ -165,3 +165,19 @@ def test_a_rank_without_attention_layers_compares_no_kv_tokens():
                             {"rank": 1, "kv_pool_tokens": 8048, "weights_bytes": 5}]})
     rows = _comparison(job)
     assert [(row["predicted_tokens"], row["measured_tokens"]) for row in rows] == [(8048, 8048), (None, None)]
+
+
+def test_byte_counts_are_binary_units(browse, viewer):
+    """The per-rank budget table (shared with the proposal page) and the predicted-vs-measured weights in MiB/GiB,
+    never Django's KB/MB."""
+    ranks = [{"rank": 0, "name": "big", "layers": [0, 7], "attention_layers": 2, "weights": 12 * 2**30 + 2**29,
+              "state": 3 * 2**20, "rest": 820 * 2**20, "floor": 1536, "allowed": 9136, "used": 9136, "slack": 0}]
+    job = Job.objects.create(kind="cut", target={"cut": [8]}, plan={}, plan_hash="0" * 64, proposer_name="olga",
+                             prediction={"cut": [8], "pool_tokens": 9136, "ranks": ranks}, status="succeeded",
+                             measured={"pool_tokens": 9136, "ranks": [{"rank": 0, "kv_pool_tokens": 9136,
+                                                                       "weights_bytes": 12 * 2**30}]})
+    page = browse(viewer).get(f"/jobs/{job.pk}/").content.decode()
+    cells = re.findall(r'<td class="num">([^<]*)</td>', page)
+    assert [cell for cell in cells if "iB" in cell][-4:] == ["12.5 GiB", "3.0 MiB", "820.0 MiB", "1.5 KiB"]
+    assert "12.0 GiB" in cells  # measured weights
+    assert not re.search(r"\d (KB|MB|GB|bytes)\b", page)
