@@ -1,5 +1,6 @@
 """The worker's side, run in this process against the real engine: claiming, refusing, failing, reconciling."""
 
+import json
 import time
 from datetime import timedelta
 
@@ -79,26 +80,27 @@ def test_a_plan_changed_after_review_is_not_applied(live_engine, queued_job):
     assert "not the reviewed one" in job.error and live_engine.state()["fingerprint"] == before
 
 
-class RecordingClient(EngineClient):
-    """The real client, noting every control API call it makes, and the bodies it sends."""
+class RecordingTransport(httpx.HTTPTransport):
+    """The real client's HTTP transport, noting every control API call it carries, and the bodies it sends."""
 
     def __init__(self):
         super().__init__()
         self.calls: list[str] = []
         self.bodies: dict[str, dict] = {}
 
-    def _call(self, method, path, body=None, params=None):
-        self.calls.append(f"{method} {path}")
-        if body is not None:
-            self.bodies[path] = body
-        return super()._call(method, path, body, params)
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(f"{request.method} {request.url.path}")
+        if request.content:
+            self.bodies[request.url.path] = json.loads(request.content)
+        return super().handle_request(request)
 
 
 def test_the_plan_is_applied_with_an_attestation_of_its_review(live_engine, queued_job, settings):
     job = queued_job()
-    with RecordingClient() as client:
+    recorded = RecordingTransport()
+    with EngineClient(transport=recorded) as client:
         assert worker.execute(job.pk, client=client) == "succeeded"
-    sent = client.bodies["/control/apply"]
+    sent = recorded.bodies["/control/apply"]
     attested = verify_attestation(settings.SEAM_APPROVAL_KEY, sent["attestation"], job.plan_hash, time.time())
     assert (attested.job_id, attested.approvers) == (job.pk, ("rita",))
     assert time.time() - attested.issued_at < 60  # signed for this run, not earlier
@@ -111,9 +113,10 @@ def test_without_the_approval_key_nothing_is_applied(live_engine, queued_job, se
     job = queued_job()
     before = live_engine.state()["fingerprint"]
     settings.SEAM_APPROVAL_KEY = ""
-    with RecordingClient() as client:
+    recorded = RecordingTransport()
+    with EngineClient(transport=recorded) as client:
         assert worker.execute(job.pk, client=client) == "failed"
-    assert "POST /control/apply" not in client.calls
+    assert "POST /control/apply" not in recorded.calls
     job.refresh_from_db()
     assert "no approval key (SEAM_APPROVAL_KEY is not set)" in job.error and "nothing was applied" in job.error
     assert job.engine_operation_id == "" and live_engine.state()["fingerprint"] == before
@@ -133,9 +136,10 @@ def test_approvals_that_expired_before_the_job_ran_apply_nothing(live_engine, qu
 def test_a_stale_plan_ends_stale_without_asking_the_engine_to_apply_it(live_engine, queued_job):
     job = queued_job()
     moved = move_engine(live_engine)
-    with RecordingClient() as client:
+    recorded = RecordingTransport()
+    with EngineClient(transport=recorded) as client:
         assert worker.execute(job.pk, client=client) == "stale"
-    assert client.calls == ["GET /control/state"]  # read the fingerprint, and nothing else (rule 4)
+    assert recorded.calls == ["GET /control/state"]  # read the fingerprint, and nothing else (rule 4)
     job.refresh_from_db()
     assert job.engine_operation_id == "" and f"now runs layout {moved}" in job.error
     assert live_engine.state()["fingerprint"] == moved
