@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,17 @@ QUANTIZERS = {
     "compressed": lambda w: _compressed(w, True),
     "compressed_asym": lambda w: _compressed(w, False),
 }
+
+
+def altered_copy(source: Path, dest: Path, tensors: Callable[[dict], None] | None = None,
+                 quantization: dict | None = None) -> Path:
+    """A copy of a checkpoint with its tensors edited in place by `tensors` and its quantization_config updated."""
+    dest.mkdir(parents=True, exist_ok=True)
+    state = load_file(source / "model.safetensors")
+    if tensors is not None:
+        tensors(state)
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {**config["quantization_config"], **(quantization or {})}
+    (dest / "config.json").write_text(json.dumps(config))
+    save_file(state, dest / "model.safetensors", metadata={"format": "pt"})
+    return dest
