@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from engine.config import ModelConfig
 from engine.errors import EngineConfigError
 from engine.ops.linear import linear
 from engine.ops.quantized import NIBBLES, fp8_block_linear, pack_int4, unpack_int4, w4a16_linear
@@ -225,7 +226,7 @@ class Linears:
     """Makes one decoder layer's linears, by their census names (`self_attn.q_proj`, `mlp.experts.*.up_proj`): an
     nn.Linear, or the quantized module of the census' quantization for the ones it converts."""
 
-    def __init__(self, config, layer_index: int, prefix: str = ""):
+    def __init__(self, config: ModelConfig, layer_index: int, prefix: str = ""):
         self.config, self.layer_index, self.prefix = config, layer_index, prefix
         self.quantization: WeightQuantization | None = config.census.quantization
 

@@ -69,3 +69,12 @@ def test_a_config_the_engine_cannot_run_is_refused_before_loading(quantization, 
     broken = altered_copy(folder, tmp_path / "ckpt", quantization=quantization)
     with pytest.raises(EngineConfigError, match=named):
         load_model(broken)
+
+
+def test_a_linear_converted_for_some_experts_only_is_refused(quantized_checkpoint, tmp_path):
+    folder, _ = quantized_checkpoint("fp8")
+    config = ModelConfig.from_pretrained(folder)
+    kept = [*config.census.quantization.not_converted, "model.layers.0.mlp.experts.1.up_proj"]
+    partial = altered_copy(folder, tmp_path / "ckpt", quantization={"modules_to_not_convert": kept})
+    with pytest.raises(EngineConfigError, match=r"layer 0 keeps 1 of 4 copies of mlp\.experts\.\*\.up_proj"):
+        load_model(partial)
