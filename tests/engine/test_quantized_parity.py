@@ -83,3 +83,20 @@ def test_compressed_tensors_decompresses_the_asymmetric_checkpoint_to_its_refere
                   ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")}
         weight = PackedQuantizationCompressor.decompress(module, scheme)["weight"]
         assert torch.equal(weight.float(), reference[f"{prefix}.weight"]), prefix
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "awq"])
+def test_a_bf16_engine_keeps_each_format_in_its_own_dtypes(fmt, quantized_checkpoint):
+    quantized, _ = quantized_checkpoint(fmt)
+    model = load_model(quantized, dtype=torch.bfloat16)
+    linear = model.layers["1"].mlp.experts.up_proj
+    if fmt == "fp8":  # the model-wide cast leaves the fp8 weights and their fp32 scales as stored
+        assert (linear.weight.dtype, linear.weight_scale_inv.dtype) == (torch.float8_e4m3fn, torch.float32)
+    else:  # the scales follow the model dtype, the packed words stay int32
+        assert (linear.qweight.dtype, linear.scales.dtype, linear.qzeros.dtype) == (
+            torch.int32, torch.bfloat16, torch.int32)
+    prompt = list(range(5, 16))
+    half = TinyRunner(model).step({"a": prompt}, all_logits=True)
+    full = TinyRunner(load_model(quantized)).step({"a": prompt}, all_logits=True)
+    assert half.dtype == torch.bfloat16
+    assert relative_error(half, full) <= 0.05  # bf16 rounding of activations and scales, nothing more
