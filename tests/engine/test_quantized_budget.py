@@ -60,3 +60,14 @@ def test_one_rank_allocates_the_planners_pool_and_weights(fmt, quantized_checkpo
     assert weights == llm.plan.ranks[0].weights_bytes == llm.config.census.weight_bytes_total
     assert llm.kv_pool.capacity_tokens == llm.plan.pool_tokens > 0
     assert llm.state_pool.bytes == llm.plan.ranks[0].state_bytes
+
+
+def test_a_random_image_of_a_quantized_checkpoint_holds_finite_weights(quantized_checkpoint):
+    """Rigs emulated at full size fill the host image at random: fp8 weights and fp32 scales in their own dtypes."""
+    folder, _ = quantized_checkpoint("fp8")
+    config = ModelConfig.from_pretrained(folder)
+    image = HostImage.random(config)
+    weight = image.tensor("layers.0.linear_attn.in_proj_qkvz.weight")
+    scale = image.tensor("layers.0.linear_attn.in_proj_qkvz.weight_scale_inv")
+    assert weight.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+    assert bool(weight.float().isfinite().all()) and 0 < float(scale.abs().max()) < 1
