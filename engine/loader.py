@@ -169,14 +169,14 @@ def _problems(plan: dict[str, TensorSource], checks: list[TensorCheck], shapes: 
 
 
 def _value_problems(checks: list[TensorCheck], files: dict[str, Path]) -> list[str]:
-    """What the checked checkpoint tensors (small: a g_idx, zero points) hold that the engine cannot."""
+    """What the checked checkpoint tensors (small: a g_idx, zero points) hold that the engine cannot; each shard
+    opened once (a large MoE checkpoint has a check per expert projection)."""
     problems = []
-    for check in checks:
-        if check.name in files:
-            with safe_open(files[check.name], framework="pt") as handle:
-                problem = check.problem(handle.get_tensor(check.name))
-            if problem:
-                problems.append(f"{check.name}: {problem}")
+    for path in sorted({files[check.name] for check in checks if check.name in files}):
+        with safe_open(path, framework="pt") as handle:
+            for check in checks:
+                if files.get(check.name) == path and (problem := check.problem(handle.get_tensor(check.name))):
+                    problems.append(f"{check.name}: {problem}")
     return problems
 
 
