@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.errors import EngineConfigError
 from engine.layers.merge import stack_experts, stack_rows
 from engine.layers.mlp import GatedMLP, silu_mul
 from engine.layers.norm import RMSNorm
@@ -145,6 +146,21 @@ class QuantizedExperts(nn.Module):
         self.num_experts = num_experts
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
+    @classmethod
+    def build(cls, linears: Linears, num_experts: int, hidden_size: int, intermediate_size: int
+              ) -> QuantizedExperts | None:
+        """The experts as the census' quantization converts them, or None when it keeps them unquantized."""
+        gate, up, down = (linears.quantized(f"experts.*.{name}", inputs, outputs, experts=num_experts)
+                          for name, inputs, outputs in (("gate_proj", hidden_size, intermediate_size),
+                                                        ("up_proj", hidden_size, intermediate_size),
+                                                        ("down_proj", intermediate_size, hidden_size)))
+        if gate is None and up is None and down is None:
+            return None
+        if gate is None or up is None or down is None:
+            raise EngineConfigError(f"{linears.config.source}: layer {linears.layer_index} quantizes some of its "
+                                    "experts' projections but not all; the engine converts all three or none")
+        return cls(num_experts, gate, up, down)
+
     def runs_triton(self, x: torch.Tensor) -> bool:
         return False
 
@@ -173,11 +189,8 @@ class SparseMoE(nn.Module):
         self.norm_topk_prob = norm_topk_prob
         make = linears or (lambda _, in_features, out_features: nn.Linear(in_features, out_features, bias=False))
         self.gate = make("gate", hidden_size, num_experts)  # the router
-        quantized = [linears.quantized(f"experts.*.{name}", *sizes, experts=num_experts) for name, sizes in (
-            ("gate_proj", (hidden_size, intermediate_size)), ("up_proj", (hidden_size, intermediate_size)),
-            ("down_proj", (intermediate_size, hidden_size)))] if linears else [None]
-        self.experts = (QuantizedExperts(num_experts, *quantized) if quantized[0] is not None
-                        else Experts(num_experts, hidden_size, intermediate_size))
+        quantized = QuantizedExperts.build(linears, num_experts, hidden_size, intermediate_size) if linears else None
+        self.experts = quantized if quantized is not None else Experts(num_experts, hidden_size, intermediate_size)
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, linears=linears and linears.scoped(
             "shared_expert")) if shared_intermediate_size else None
         self.shared_expert_gate = make("shared_expert_gate", hidden_size, 1) if shared_intermediate_size else None
@@ -198,8 +211,9 @@ class SparseMoE(nn.Module):
         both unquantized, with the router merged."""
         if not isinstance(self.experts, Experts) or self.router_weight is None:
             return False
-        down = self.shared_expert.down_proj
-        return isinstance(down, nn.Linear) and down.weight.shape == self.experts.down_proj.shape[1:]
+        shared = self.shared_expert
+        plain = all(isinstance(p, nn.Linear) for p in (shared.gate_proj, shared.up_proj, shared.down_proj))
+        return plain and shared.down_proj.weight.shape == self.experts.down_proj.shape[1:]
 
     def kernel_router(self, x: torch.Tensor) -> torch.Tensor | None:
         """The router's weight when the routing kernels compute the logits from x themselves (no cuBLAS GEMV): on
