@@ -36,6 +36,7 @@ def _reference(fmt: str, quantized, dequantized) -> transformers.PreTrainedModel
     return transformers.AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval()
 
 
+@pytest.mark.filterwarnings("ignore:You passed `quantization_config`")  # the dequantizing load's options, wanted
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_quantized_engine_matches_the_dequantized_reference(fmt, quantized_checkpoint):
     quantized, dequantized = quantized_checkpoint(fmt)
