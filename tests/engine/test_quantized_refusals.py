@@ -78,3 +78,17 @@ def test_a_linear_converted_for_some_experts_only_is_refused(quantized_checkpoin
     partial = altered_copy(folder, tmp_path / "ckpt", quantization={"modules_to_not_convert": kept})
     with pytest.raises(EngineConfigError, match=r"layer 0 keeps 1 of 4 copies of mlp\.experts\.\*\.up_proj"):
         load_model(partial)
+
+
+@pytest.mark.parametrize(("fmt", "leaf", "edit", "named"), [
+    # AutoGPTQ's v1 format stores a zero point minus one: a stored 15 reads as 16, which 4 bits cannot hold.
+    ("gptq_asym", "qzeros", lambda t: t.fill_(-1), r"qzeros: a GPTQ v1 zero point stored as 15 means 16"),
+    ("compressed", "weight_shape", lambda t: t.flip(0), r"weight_shape \[64, 128\] is not \[128, 64\]"),
+])
+def test_a_value_the_layout_cannot_hold_is_refused(fmt, leaf, edit, named, quantized_checkpoint, tmp_path):
+    folder, _ = quantized_checkpoint(fmt)
+
+    def alter(state: dict) -> None:
+        state[f"{QKVZ}.{leaf}"] = edit(state[f"{QKVZ}.{leaf}"].clone()).contiguous()
+
+    _untouched_after_refusal(altered_copy(folder, tmp_path / "ckpt", tensors=alter), named)
