@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ from engine.memory.kv_pool import KVPool
 from engine.memory.state_pool import StatePool
 from engine.runtime.block_manager import BlockManager, SlotManager
 from engine.runtime.runner import ModelRunner
-from engine.runtime.sampler import Sampler, SamplingParams
+from engine.runtime.sampler import Sampler, SamplingParams, TokenLogprobs
 from engine.runtime.scheduler import Scheduler
 from engine.runtime.sequence import Sequence
 from engine.runtime.text import CheckpointText
@@ -36,6 +36,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     text: str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when SamplingParams.logprobs is set
 
 
 class LLM:
@@ -93,8 +94,7 @@ class LLM:
             return []
         logits = self.runner.run(batch.plan(self.shape.block_size))
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
-        tokens = self.sampler.sample(logits, [batch.seqs[i].params for i in ready],
-                                     [batch.seqs[i].seq_id for i in ready])
+        tokens = self.sampler.sample(logits, [batch.seqs[i] for i in ready])
         finished = self.scheduler.commit(batch, {batch.seqs[i].seq_id: t for i, t in zip(ready, tokens, strict=True)})
         for seq in finished:
             self.sampler.release(seq.seq_id)
@@ -110,7 +110,7 @@ class LLM:
         while self.scheduler.has_work:
             self.step()
         return [Completion(s.seq_id, s.prompt_ids, s.output_ids, s.finish_reason or "length",
-                           self.decode(s.output_ids) if self.tokenizer else None) for s in seqs]
+                           self.decode(s.output_ids) if self.tokenizer else None, s.logprobs) for s in seqs]
 
     def encode(self, text: str) -> list[int]:
         return self.text.encode(text)

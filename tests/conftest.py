@@ -18,9 +18,11 @@ pytest_plugins = [
     "tests.support.users",
     "tests.support.jobs",
     "tests.support.api",
+    "tests.support.metrics",
     "tests.support.live",
     "tests.support.stack",
     "tests.support.browser",
+    "tests.support.webhooks",
 ]
 
 # The engine services, Celery workers and console stacks the tests start are children of this process: they read

@@ -1,5 +1,5 @@
 """API views for calibration: coverage (/api/v1/calibration/), each executed job's prediction against what was
-measured (/api/v1/predictions/), and their gauges in the Prometheus text format (/api/v1/metrics/)."""
+measured (/api/v1/predictions/), and the console's metrics in the Prometheus exposition (/api/v1/metrics/)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class PredictionsView(ApiErrors, APIView):
 
 
 class MetricsView(ApiErrors, APIView):
-    """Prediction error and calibration gauges in the Prometheus text format (same login as the API)."""
+    """The console's metrics in the Prometheus exposition (console/calibration/metrics.py; same login as the API)."""
 
     permission_classes = [IsAuthenticated, HasRole]
     renderer_classes = [JSONRenderer]
@@ -78,5 +78,4 @@ class MetricsView(ApiErrors, APIView):
 
     @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR})
     def get(self, request):
-        text = exposition(summary(executed_predictions()), calibration_report())
-        return HttpResponse(text, content_type=CONTENT_TYPE)
+        return HttpResponse(exposition(), content_type=CONTENT_TYPE)

@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from console.audit.services import record
 from console.engine import EngineClient, EngineError
-from console.jobs import webhooks
+from console.jobs import health_watch, webhooks
 from console.jobs.choices import JobStatus
 from console.jobs.models import Job, LayoutCause, LayoutObservation
 from contracts.control import EngineState
@@ -43,7 +43,7 @@ __all__ = ["RESTARTED_MID_APPLY", "UNEXPLAINED_CHANGE", "led_there", "note_job_e
 
 log = logging.getLogger("seam.jobs")
 
-UNEXPLAINED_CHANGE = "engine.unexplained_change"
+UNEXPLAINED_CHANGE = webhooks.UNEXPLAINED_CHANGE  # the audit event and the webhook share the name
 RESTARTED_MID_APPLY = webhooks.RESTARTED_MID_APPLY  # the audit event and the webhook share the name
 # The endings of a job whose operation ran on the engine: after these the engine may run another layout.
 _ENDED_ON_ENGINE = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.ROLLED_BACK)
@@ -106,14 +106,17 @@ def _announce_restart(job_id: int, engine: dict) -> None:
 
 
 def watch(client: EngineClient | None = None) -> str:
-    """Compare the engine's layout with the known one; returns what was found, in words."""
+    """Compare the engine's layout with the known one, and note its health (console.jobs.health_watch); returns
+    what was found about the layout, in words."""
     if client is None:
         with EngineClient() as own:
             return watch(own)
     try:
         state = client.state()
     except EngineError as error:
+        health_watch.note_health(client.base_url, *health_watch.health_of(None, str(error)))
         return f"the engine's layout was not read: {error}"
+    health_watch.note_health(client.base_url, *health_watch.health_of(state))
     url, now = client.base_url, state.layout()
     with transaction.atomic():
         known = LayoutObservation.objects.known(url)
@@ -142,6 +145,9 @@ def watch(client: EngineClient | None = None) -> str:
         record(actor=None, action=UNEXPLAINED_CHANGE, subject=f"engine:{url}"[:255], before=known.layout(), after=now,
                payload={"engine_url": url, "observation": seen.pk, "known_since": known.observed_at.isoformat(),
                         "cause": "no job of the console caused it"})
+        engine = {"url": url, "before": known.layout(), "after": now, "observation": seen.pk,
+                  "known_since": known.observed_at.isoformat()}
+        transaction.on_commit(partial(webhooks.announce_unexplained_change, engine), robust=True)
     log.warning("the engine at %s changed its layout from %s to %s and no job of the console caused it", url,
                 known.fingerprint, state.fingerprint)
     return f"unexplained: layout {known.fingerprint} -> {state.fingerprint}"

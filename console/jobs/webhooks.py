@@ -13,7 +13,10 @@ with `X-Seam-Signature: sha256=<hex HMAC-SHA256 of the exact body under SEAM_WEB
 "speedup": {predicted, measured, noise_floor, error, missed}}` the same way. When the engine restarted under a job's
 apply and came back on a layout the job did not lead to (console.jobs.layout_watch), `announce_restart_mid_apply`
 sends `{"event": "engine.restarted_mid_apply", ..., "job": {...}, "engine": {url, before, after, boot_id_before,
-boot_id_after}}`.
+boot_id_after}}`. Two events concern the engine alone, with no job: the layout watch's `engine.unexplained_change`
+(`"engine": {url, before, after, observation, known_since}`: a layout change no job of the console caused) and the
+health watch's `engine.health` (`"engine": {url, before, after}`, each `{status, reason}` with status `ok`,
+`unhealthy` or `unreachable`, before null at first sight: console.jobs.health_watch).
 Every payload also carries `"audit_head": {trail, seq, hash}`, the audit trail's newest event when it was sent, so a
 receiver witnesses the trail too: a later payload with a lower seq of the same trail means the console's database
 went back (docs/console.md, "Trust model").
@@ -43,8 +46,9 @@ from console.audit.services import audit_head
 from console.jobs.models import Job
 from solvers.verdict import SpeedCheck
 
-__all__ = ["EVENT", "MISSED_PREDICTION", "RESTARTED_MID_APPLY", "DeliveryFailed", "announce",
-           "announce_missed_prediction", "announce_restart_mid_apply", "deliver", "job_event", "post", "sign",
+__all__ = ["ENGINE_HEALTH", "EVENT", "MISSED_PREDICTION", "RESTARTED_MID_APPLY", "UNEXPLAINED_CHANGE",
+           "DeliveryFailed", "announce", "announce_engine_health", "announce_missed_prediction",
+           "announce_restart_mid_apply", "announce_unexplained_change", "deliver", "job_event", "post", "sign",
            "signature_matches"]
 
 log = logging.getLogger("seam.webhooks")
@@ -52,6 +56,8 @@ log = logging.getLogger("seam.webhooks")
 EVENT = "job.status"
 MISSED_PREDICTION = "job.missed_prediction"
 RESTARTED_MID_APPLY = "engine.restarted_mid_apply"
+UNEXPLAINED_CHANGE = "engine.unexplained_change"
+ENGINE_HEALTH = "engine.health"
 SIGNATURE_HEADER, DELIVERY_HEADER = "X-Seam-Signature", "X-Seam-Delivery"
 RETRY_STATUSES = frozenset({408, 425, 429})
 
@@ -96,32 +102,52 @@ def _urls() -> list[str]:
 
 def announce(job: Job, previous_status: str | None) -> None:
     """Send the job's (committed) status change to every webhook URL; call it on commit. Never raises."""
-    _send(job, EVENT, lambda delivery: job_event(job, previous_status, delivery), f"change to {job.status}")
+    _send(EVENT, lambda delivery: job_event(job, previous_status, delivery), f"job {job.pk}'s change to {job.status}")
 
 
 def announce_missed_prediction(job: Job, check: SpeedCheck) -> None:
     """Send `job.missed_prediction` for a succeeded job whose measured speedup missed its prediction (the verdict
     has committed); call it on commit. Never raises."""
-    _send(job, MISSED_PREDICTION, lambda delivery: {
-        **job_event(job, None, delivery, MISSED_PREDICTION), "speedup": check.to_dict()}, "missed prediction")
+    _send(MISSED_PREDICTION, lambda delivery: {
+        **job_event(job, None, delivery, MISSED_PREDICTION), "speedup": check.to_dict()},
+        f"job {job.pk}'s missed prediction")
 
 
 def announce_restart_mid_apply(job: Job, engine: dict) -> None:
     """Send `engine.restarted_mid_apply` for a job whose engine restarted under its apply and came back on a layout
     the job did not lead to (`engine`: {url, before, after, boot_id_before, boot_id_after}); call it on commit.
     Never raises."""
-    _send(job, RESTARTED_MID_APPLY, lambda delivery: {
-        **job_event(job, None, delivery, RESTARTED_MID_APPLY), "engine": engine}, "engine restart mid-apply")
+    _send(RESTARTED_MID_APPLY, lambda delivery: {
+        **job_event(job, None, delivery, RESTARTED_MID_APPLY), "engine": engine},
+        f"job {job.pk}'s engine restart mid-apply")
 
 
-def _send(job: Job, event: str, body_of: Callable[[str], dict], what: str) -> None:
+def announce_unexplained_change(engine: dict) -> None:
+    """Send `engine.unexplained_change` for a layout change no job caused (`engine`: {url, before, after,
+    observation, known_since}); call it on commit. Never raises."""
+    _send(UNEXPLAINED_CHANGE, lambda delivery: _engine_event(UNEXPLAINED_CHANGE, delivery, engine),
+          f"the unexplained layout change of {engine.get('url')}")
+
+
+def announce_engine_health(engine: dict) -> None:
+    """Send `engine.health` for a change of the engine's health (`engine`: {url, before, after}); call it on
+    commit. Never raises."""
+    _send(ENGINE_HEALTH, lambda delivery: _engine_event(ENGINE_HEALTH, delivery, engine),
+          f"the health change of {engine.get('url')}")
+
+
+def _engine_event(event: str, delivery: str, engine: dict) -> dict:
+    return {"event": event, "delivery": delivery, "ts": timezone.now().isoformat(), "engine": engine}
+
+
+def _send(event: str, body_of: Callable[[str], dict], what: str) -> None:
     if not settings.SEAM_WEBHOOK_URLS:
         return
     try:
         key = settings.SEAM_WEBHOOK_KEY
         if not key:
-            log.error("SEAM_WEBHOOK_URLS is set but SEAM_WEBHOOK_KEY is not: job %s's %s is not sent "
-                      "(receivers could not verify it)", job.pk, what)
+            log.error("SEAM_WEBHOOK_URLS is set but SEAM_WEBHOOK_KEY is not: %s is not sent "
+                      "(receivers could not verify it)", what)
             return
         head = audit_head().to_dict()  # the change's own event has committed: the head includes it
         for url in _urls():
@@ -129,7 +155,7 @@ def _send(job: Job, event: str, body_of: Callable[[str], dict], what: str) -> No
             body = json.dumps({**body_of(delivery), "audit_head": head}, sort_keys=True, separators=(",", ":"))
             deliver.apply_async(args=(url, body, sign(body.encode(), key), delivery, event))
     except Exception:  # the change has committed; a lost webhook must not undo or fail it
-        log.exception("could not send the webhooks of job %s's %s", job.pk, what)
+        log.exception("could not send the webhooks of %s", what)
 
 
 def post(url: str, body: str, signature: str, delivery: str, event: str = EVENT) -> int:

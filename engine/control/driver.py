@@ -38,6 +38,7 @@ from engine.runtime.sequence import Sequence
 from engine.runtime.text import CheckpointText
 from engine.step_plan import StepPlan
 from engine.telemetry.latency import LatencyLog
+from engine.telemetry.metrics import EngineMetrics
 from engine.telemetry.stage_timer import StageLog
 from solvers.capacity import CutPricer, PoolResult
 from solvers.frontier import default_timing
@@ -73,7 +74,7 @@ class PipelineDriver:
         self.wake = threading.Event()
         self.sampler = Sampler()
         self.handles: dict[int, RequestHandle] = {}
-        self.cancelled: set[int] = set()
+        self.cancelled: dict[int, str] = {}  # request id -> the reason it ends with (`cancel`)
         self.ids = itertools.count()
         self._phase = "starting"
         # Fresh at every start: the console tells by it that the engine restarted (and lost its operations) under a
@@ -85,8 +86,9 @@ class PipelineDriver:
         self.device_memory: dict[int, dict] = {}  # rank -> its latest real device figures (CUDA ranks only)
         self.stages = StageLog()  # each rank's stage time in recent steps, for calibrating the timing model
         self.latency = LatencyLog()  # recent requests' time to first token and between tokens
+        self.metrics = EngineMetrics(self.model_name, [spec.name for spec in rig.ranks])  # /metrics' counters
         self.step_health = StepHealth()
-        self.ops = Operations(self)
+        self.ops = Operations(self, self.metrics)
         prediction, layouts = self.layouts(self.cut, self.shape)  # refuses an infeasible start
         # In shared memory: every rank process reads this one image (rung images are pinned in place). A ready image
         # (HostImage.random, for a rig emulated at full size) can be handed in instead of the checkpoint's weights.
@@ -252,22 +254,24 @@ class PipelineDriver:
             seq = Sequence(next(self.ids), ids, params)
             self.scheduler.add(seq)  # refuses, naming why, a request that can never fit
             self.latency.submitted(seq.seq_id)
-            handle = self.handles[seq.seq_id] = RequestHandle(seq.seq_id, ids)
+            self.metrics.submitted(seq.seq_id, len(ids))
+            handle = self.handles[seq.seq_id] = RequestHandle(seq.seq_id, ids, logprobs=seq.logprobs)
         self.wake.set()
         return handle
 
-    def cancel(self, request_id: int) -> None:
-        """The client went away: the request is dropped at the next step boundary."""
+    def cancel(self, request_id: int, reason: str = "cancelled") -> None:
+        """The request is dropped at the next step boundary and ends with `reason`: `cancelled` when the client went
+        away, `stop` when the service matched one of its stop strings (the engine cannot: it sees no text)."""
         with self.lock:
-            self.cancelled.add(request_id)
+            self.cancelled[request_id] = reason
         self.wake.set()
 
     def _drop_cancelled(self) -> None:
         with self.lock:
-            for request_id in self.cancelled:
+            for request_id, reason in self.cancelled.items():
                 seq = self.scheduler.abort(request_id)
                 if seq is not None:
-                    self._finish(seq, "cancelled")
+                    self._finish(seq, reason)
             self.cancelled.clear()
 
     def refuse_all(self, why: str) -> None:
@@ -288,6 +292,7 @@ class PipelineDriver:
         handle = self.handles.pop(seq.seq_id, None)
         self.sampler.release(seq.seq_id)
         self.latency.finished(seq.seq_id, reason)
+        self.metrics.finished(seq.seq_id, reason)
         if handle is not None:
             handle.end(reason, error)
 
@@ -314,6 +319,7 @@ class PipelineDriver:
     def _step(self, batch: Batch) -> None:
         plan = batch.plan(self.shape.block_size)
         token_ids = plan.token_ids
+        self.metrics.scheduled(seq.seq_id for seq in batch.seqs)
         replies = self.ranks.call_all("step", [plan] * self.rig.size)
         for rank, (_, memory, _) in enumerate(replies):
             if memory is not None:
@@ -321,16 +327,17 @@ class PipelineDriver:
         logits = replies[-1][0]
         ready = [i for i in range(len(batch.seqs)) if batch.completes_prompt(i)]
         # A request whose sampling raises fails alone: the ranks did their part, so the step stands for the others.
-        drawn = self.sampler.sample_rows(logits, [batch.seqs[i].params for i in ready],
-                                         [batch.seqs[i].seq_id for i in ready])
+        drawn = self.sampler.sample_rows(logits, [batch.seqs[i] for i in ready])
         decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
         with self.lock:  # state() reads the stage log from the HTTP threads
             self.step_health.step_succeeded()
             self.stages.add(len(token_ids) - decode, decode, [stage_ms for _, _, stage_ms in replies])
+            self.metrics.stage_times(len(token_ids) - decode, [stage_ms for _, _, stage_ms in replies])
             tokens = {batch.seqs[i].seq_id: token for i, token in zip(ready, drawn, strict=True)
                       if not isinstance(token, Exception)}
             finished = self.scheduler.commit(batch, tokens)
             self.latency.emitted(tokens)
+            self.metrics.emitted(tokens)
             for i, token in zip(ready, drawn, strict=True):
                 if isinstance(token, Exception):
                     self._fail(batch.seqs[i], f"sampling failed: {type(token).__name__}: {token}")

@@ -26,6 +26,7 @@ from engine.control.recovery import restore, verify
 from engine.control.surface import Reconfigurable
 from engine.errors import EngineError
 from engine.runtime.scheduler import Batch
+from engine.telemetry.metrics import EngineMetrics
 from solvers.errors import SolverError
 from solvers.ladder import switch_cost_s
 from solvers.plans import build_plan
@@ -90,8 +91,9 @@ def host_ram_available() -> int | None:
 
 
 class Operations:
-    def __init__(self, driver: Reconfigurable):
+    def __init__(self, driver: Reconfigurable, metrics: EngineMetrics):
         self.driver = driver
+        self.metrics = metrics  # counts each operation's outcome as it finishes
         self.items: dict[str, OperationRecord] = {}
         self.queue: deque[tuple[OperationRecord, tuple[int, ...], ServingShape]] = deque()
         self.counter = itertools.count(1)
@@ -207,6 +209,7 @@ class Operations:
                 log.exception("operation %s: restoring %s failed; the engine is broken", op.id, list(old_cut))
         finally:
             op.phase, op.finished = "done", time.time()
+            self.metrics.operation_finished(op.kind, op.status.value)
             driver.resume()
 
     def _phase(self, op: OperationRecord, phase: str) -> None:
@@ -273,4 +276,5 @@ class Operations:
             log.exception("recovery failed; the engine is broken")
         finally:
             op.phase, op.finished = "done", time.time()
+            self.metrics.operation_finished(op.kind, op.status.value)
             driver.resume()

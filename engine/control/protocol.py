@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from contracts.control import EngineState, Health, Operation
 from contracts.plan import PlanReply
 from contracts.telemetry import Snapshot
-from engine.runtime.sampler import SamplingParams
+from engine.runtime.sampler import SamplingParams, TokenLogprobs
 
 
 class ApplyRefused(Exception):
@@ -46,6 +46,9 @@ class RequestHandle:
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "refused" or "error" (with `error`)
     error: str | None = None
     listener: Callable[[], None] | None = None
+    # The sequence's own list (engine/runtime/sequence.py): the engine thread appends a token's entry before it emits
+    # the token, so a reader that has token i may read entry i. Empty unless the request asked for logprobs.
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     def emit(self, token: int) -> None:
         self.token_ids.append(token)

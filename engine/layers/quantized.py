@@ -250,6 +250,9 @@ class Linears:
                 f"{self.config.source}: layer {self.layer_index} keeps {kept} of {linear.count} copies of "
                 f"{linear.name} unquantized; the engine converts all of a linear's experts or none")
         quantization = self.quantization
+        if type(quantization) not in (WeightQuantization, W4A16Quantization):  # e.g. gpt-oss' mxfp4 experts
+            raise EngineConfigError(f"{self.config.source}: weights {quantization.describe()} are priced but the "
+                                    "engine runs fp8 block-scaled and 4-bit GPTQ, AWQ or compressed-tensors only")
         if isinstance(quantization, W4A16Quantization):
             return W4A16Linear(in_features, out_features, quantization.group(linear), quantization.symmetric, bias,
                                experts)

@@ -9,45 +9,27 @@ pages past the end back to the kernel.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 
 import torch
 
 from engine.errors import EngineError
 
-# cuda.h's values (stable since CUDA 10.2)
-_PINNED, _LOCATION_DEVICE, _READ_WRITE, _GRANULARITY_MINIMUM = 1, 1, 3, 0
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value; Python names it from 3.13
-
-
-class _Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class _AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class _AllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _Location),
-                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", _AllocFlags)]
-
-
-class _AccessDesc(ctypes.Structure):
-    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
 
 
 def round_up(nbytes: int, unit: int) -> int:
     return -(-nbytes // unit) * unit
 
 
-def _driver() -> ctypes.CDLL:
+def _driver():
+    """NVIDIA's Python bindings of the driver API (cuda-python's cuda-bindings: the `gpu` extra)."""
     try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError as error:
-        raise EngineError(f"the CUDA driver library (libcuda.so.1) could not be loaded: {error}") from error
+        from cuda.bindings import driver
+    except ImportError as error:
+        raise EngineError("a slab on CUDA needs NVIDIA's driver bindings: pip install 'cuda-bindings' (the `gpu` "
+                          f"extra), matching the driver's CUDA major version ({error})") from error
+    return driver
 
 
 class CudaAddressRange:
@@ -55,20 +37,21 @@ class CudaAddressRange:
 
     def __init__(self, device: torch.device, capacity: int):
         self.device, self.cuda = device, _driver()
-        self.handles: list[int] = []  # one physical granule each, in address order
+        self.handles: list = []  # one physical granule each (CUmemGenericAllocationHandle), in address order
         self.capacity = 0
         torch.cuda.synchronize(device)  # the driver calls below need the device's primary context current
-        self.prop = _AllocationProp(type=_PINNED, location=_Location(_LOCATION_DEVICE, device.index or 0))
-        self.access = _AccessDesc(location=self.prop.location, flags=_READ_WRITE)
-        granule = ctypes.c_size_t()
-        self._check("cuMemGetAllocationGranularity", ctypes.byref(granule), ctypes.byref(self.prop),
-                    _GRANULARITY_MINIMUM)
-        self.granule = granule.value
+        cuda = self.cuda
+        self.prop = cuda.CUmemAllocationProp()
+        self.prop.type = cuda.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        self.prop.location.type = cuda.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        self.prop.location.id = device.index or 0
+        self.access = cuda.CUmemAccessDesc()
+        self.access.location = self.prop.location
+        self.access.flags = cuda.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self.granule = int(self._check("cuMemGetAllocationGranularity", self.prop,
+                                       cuda.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
         self.capacity = round_up(capacity, self.granule)
-        address = ctypes.c_uint64()
-        self._check("cuMemAddressReserve", ctypes.byref(address), ctypes.c_size_t(self.capacity),
-                    ctypes.c_size_t(0), ctypes.c_uint64(0), ctypes.c_uint64(0))
-        self.address = address.value
+        self.address = int(self._check("cuMemAddressReserve", self.capacity, 0, 0, 0))
         self.ensure(self.granule)  # torch reads the device of the first byte when it wraps the range
         self.base = torch.as_tensor(_CudaArray(self.address, self.capacity), device=device)
 
@@ -82,15 +65,11 @@ class CudaAddressRange:
             raise EngineError(f"the slab needs {nbytes} B but its range holds {self.capacity} B (the rank's budget)")
         start = self.mapped_bytes
         while self.mapped_bytes < nbytes:
-            handle = ctypes.c_uint64()
-            self._check("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(self.granule), ctypes.byref(self.prop),
-                        ctypes.c_uint64(0))
-            self._check("cuMemMap", ctypes.c_uint64(self.address + self.mapped_bytes), ctypes.c_size_t(self.granule),
-                        ctypes.c_size_t(0), handle, ctypes.c_uint64(0))
-            self.handles.append(handle.value)
+            handle = self._check("cuMemCreate", self.granule, self.prop, 0)
+            self._check("cuMemMap", self.address + self.mapped_bytes, self.granule, 0, handle, 0)
+            self.handles.append(handle)
         if self.mapped_bytes > start:
-            self._check("cuMemSetAccess", ctypes.c_uint64(self.address + start),
-                        ctypes.c_size_t(self.mapped_bytes - start), ctypes.byref(self.access), ctypes.c_size_t(1))
+            self._check("cuMemSetAccess", self.address + start, self.mapped_bytes - start, [self.access], 1)
 
     def trim(self, nbytes: int) -> None:
         """Unmap the granules past the first `nbytes` (at least one stays), once the device is done with them."""
@@ -100,14 +79,18 @@ class CudaAddressRange:
         torch.cuda.synchronize(self.device)
         while len(self.handles) > keep:
             handle = self.handles.pop()
-            self._check("cuMemUnmap", ctypes.c_uint64(self.address + self.mapped_bytes), ctypes.c_size_t(self.granule))
-            self._check("cuMemRelease", ctypes.c_uint64(handle))
+            self._check("cuMemUnmap", self.address + self.mapped_bytes, self.granule)
+            self._check("cuMemRelease", handle)
 
-    def _check(self, name: str, *args) -> None:
-        result = getattr(self.cuda, name)(*args)
-        if result != 0:
-            raise EngineError(f"{name} failed with CUDA error {result} on {self.device} "
+    def _check(self, name: str, *args):
+        """Call the driver; its value (None for a call that returns only a status), or an EngineError naming the
+        call and CUDA's error."""
+        status, *values = getattr(self.cuda, name)(*args)
+        if status != self.cuda.CUresult.CUDA_SUCCESS:
+            _, error_name = self.cuda.cuGetErrorName(status)
+            raise EngineError(f"{name} failed with {error_name.decode() if error_name else status} on {self.device} "
                               f"(slab: {self.mapped_bytes} B mapped of {self.capacity} B)")
+        return values[0] if values else None
 
 
 class _CudaArray:

@@ -41,7 +41,7 @@ class Batch:
         return StepPlan(token_ids, list(self.query_lens), list(self.cached_lens),
                         [seq.state_slot or 0 for seq in self.seqs], [list(seq.block_table) for seq in self.seqs],
                         block_size, positions,
-                        [not seq.params.greedy if self.completes_prompt(i) else None
+                        [seq.params.needs_row if self.completes_prompt(i) else None
                          for i, seq in enumerate(self.seqs)])
 
 

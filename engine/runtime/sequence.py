@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.runtime.sampler import SamplingParams
+from engine.runtime.sampler import SamplingParams, TokenLogprobs
 
 
 class SeqStatus(enum.Enum):
@@ -25,6 +25,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     state_slot: int | None = None
     finish_reason: str | None = None  # "stop" | "length"
+    # One per output token when params.logprobs is set, appended by the sampler as it draws the token (before the
+    # scheduler commits it), so entry i is output_ids[i]'s.
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
     # Progress is counted apart from attempts, so a retry loop is visible (docs/domain.md §11).
     committed_chunks: int = 0
     scheduled_attempts: int = 0

@@ -29,10 +29,11 @@ from typing import Any
 import anyio
 import uvicorn
 from anyio import to_thread
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from contracts.control import Accepted, OperationList, Refusal, Witnessed
@@ -46,19 +47,20 @@ from engine.serve.cross_site import AllowedHosts, require_json
 from engine.serve.json_body import DEFAULT_MAX_BODY_BYTES, read_json_object
 from engine.serve.openai_api import (
     ApiError,
+    Choice,
     GenerationRequest,
-    IncrementalText,
     Reply,
     error_body,
     parse_chat,
     parse_completion,
+    read_chat_max_tokens,
 )
-from engine.serve.token_stream import TokenStream
+from engine.serve.token_stream import TokenStreams
+from engine.telemetry.exposition import service_registry
 from solvers.errors import SolverError
 
 log = logging.getLogger(__name__)
 
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
 _HASH = re.compile(r"[0-9a-fA-F]{64}")
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -106,7 +108,12 @@ async def _run(function: Callable[..., Any], *args: Any, limiter: anyio.Capacity
     return await to_thread.run_sync(function, *args, limiter=limiter)
 
 
-def _failure(handle: RequestHandle) -> ApiError | None:
+def _failure(choice: Choice) -> ApiError | None:
+    """Why the choice's request failed; None when it ended well (or a stop string ended it, and the engine only
+    heard of it after)."""
+    handle = choice.handle
+    if choice.stopped:
+        return None
     if handle.finish_reason == "refused":
         return ApiError(handle.error or "the engine refused the request")
     if handle.error:
@@ -118,8 +125,9 @@ class _Service:
     """The handlers and their gates, bound to one driver and the engine's credentials."""
 
     def __init__(self, driver: Driver, credentials: Credentials, max_body_bytes: int, jobs: JobLedger,
-                 allowed_hosts: AllowedHosts, witness: AuditWitness):
+                 allowed_hosts: AllowedHosts, witness: AuditWitness, chat_max_tokens: int):
         self.driver = driver
+        self.chat_max_tokens = chat_max_tokens
         self.credentials = credentials
         self.max_body_bytes = max_body_bytes
         self.jobs = jobs
@@ -128,6 +136,7 @@ class _Service:
         # Control and metrics calls get threads of their own: under load generation fills the default pool,
         # and an operator must still be able to see and change the layout.
         self.control_threads = anyio.CapacityLimiter(4)
+        self.registry = service_registry(driver)
 
     def control_gate(self, request: Request) -> None:
         require_control_token(self.credentials, request.headers)
@@ -147,12 +156,13 @@ class _Service:
     async def _control_body(self, request: Request) -> dict[str, Any]:
         return await read_json_object(request, self.max_body_bytes, self.control_threads)
 
-    async def _cancel(self, handle: RequestHandle) -> None:
-        # The client went away: free the request's slots if the driver can (`cancel` is optional).
+    async def _cancel(self, handle: RequestHandle, reason: str = "cancelled") -> None:
+        # The client went away (or a stop string matched: reason "stop"): free the request's slots if the driver
+        # can (`cancel` is optional).
         cancel = getattr(self.driver, "cancel", None)
         if cancel is not None:
             with anyio.CancelScope(shield=True):
-                await _run(cancel, handle.request_id)
+                await _run(cancel, handle.request_id, reason)
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
@@ -173,60 +183,100 @@ class _Service:
         except EngineError as error:  # no tokenizer: the client must send token ids
             raise ApiError(str(error), parsed.prompt_field) from None
 
+    def _submit(self, prompt: list[int], parsed: GenerationRequest) -> list[RequestHandle]:
+        """One engine request per choice; if one is refused, those already admitted are cancelled."""
+        handles: list[RequestHandle] = []
+        try:
+            for params in parsed.params(len(prompt), self.driver.max_model_len, self.chat_max_tokens):
+                handles.append(self.driver.submit(prompt, params))
+        except BaseException:
+            cancel = getattr(self.driver, "cancel", None)
+            for handle in handles if cancel is not None else ():
+                cancel(handle.request_id)
+            raise
+        return handles
+
     async def _generate(self, request: Request, chat: bool) -> Response:
         driver = self.driver
         body = await self._api_body(request)
         parsed, prompt = await _run(self._tokenized, body, chat)
-        params = parsed.params(len(prompt), driver.max_model_len)
-        handle: RequestHandle = await _run(driver.submit, prompt, params)
-        stream = TokenStream(handle)
-        reply = Reply(chat=chat, model=driver.model_name)
+        handles = await _run(self._submit, prompt, parsed)
+        streams = TokenStreams(handles)
+        choices = [Choice(i, handle, driver.decode, parsed.stop) for i, handle in enumerate(handles)]
+        reply = Reply(chat=chat, model=driver.model_name, decode=driver.decode,
+                      logprobs=parsed.sampling["logprobs"] is not None)
         if parsed.stream:
-            return StreamingResponse(self._events(stream, reply, parsed.include_usage),
+            return StreamingResponse(self._events(streams, choices, reply, parsed.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        finished = False
+        texts = [""] * len(choices)
         try:
-            finished = await stream.finished(request)
+            async for index, batch in streams.batches(request):
+                choice = choices[index]
+                if batch is None:
+                    texts[index] += choice.flush()
+                    continue
+                if choice.stopped:
+                    continue  # tokens the engine made before it heard of the stop
+                texts[index] += choice.push(batch)
+                if choice.stopped:
+                    await self._cancel(choice.handle, "stop")
         finally:
-            if not finished:
-                await self._cancel(handle)
-        failure = _failure(handle)
-        if failure:
-            raise failure
-        text = await _run(driver.decode, handle.token_ids)
-        return JSONResponse(reply.whole(text, list(handle.token_ids), handle.finish_reason, len(handle.prompt_ids)))
+            for index in set(range(len(choices))) - streams.ended:  # the client went away
+                await self._cancel(choices[index].handle)
+        for choice in choices:
+            failure = _failure(choice)
+            if failure:
+                raise failure
+        return JSONResponse(reply.whole(choices, texts, len(handles[0].prompt_ids)))
 
-    async def _events(self, stream: TokenStream, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-        """Server-sent events: one chunk per batch of new tokens, a last one with the finish reason, [DONE].
-        The text of a chunk is decoded on the loop: a few tokens' window costs microseconds, a thread hop more."""
-        handle = stream.handle
-        text = IncrementalText(self.driver.decode)
-        finished = False
+    async def _events(self, streams: TokenStreams, choices: list[Choice], reply: Reply,
+                      include_usage: bool) -> AsyncIterator[str]:
+        """Server-sent events: one chunk per batch of new tokens of a choice, a last one per choice with its finish
+        reason, [DONE]. Text is decoded on the loop: a few tokens' window costs microseconds, a thread hop more."""
         try:
             if reply.chat:
-                yield _sse(reply.chunk("", [], role=True))
-            async for batch in stream.batches():
-                yield _sse(reply.chunk(text.push(batch), batch))
-            finished = True
-            failure = _failure(handle)
-            if failure:
-                yield _sse(error_body(failure.message, failure.status))
-            else:
-                yield _sse(reply.chunk(text.flush(), [], handle.finish_reason))
-                if include_usage:
-                    yield _sse(reply.usage_chunk(len(handle.prompt_ids), len(handle.token_ids)))
+                for choice in choices:
+                    yield _sse(reply.chunk(choice, "", 0, role=True))
+            async for index, batch in streams.batches():
+                choice = choices[index]
+                if batch is None:
+                    failure = _failure(choice)
+                    if failure:
+                        yield _sse(error_body(failure.message, failure.status))
+                    elif not choice.stopped:
+                        yield _sse(reply.chunk(choice, choice.flush(), len(choice.token_ids), choice.finish_reason))
+                    continue
+                if choice.stopped:
+                    continue  # tokens the engine made before it heard of the stop
+                start = len(choice.token_ids)
+                text = choice.push(batch)
+                yield _sse(reply.chunk(choice, text, start, "stop" if choice.stopped else None))
+                if choice.stopped:
+                    await self._cancel(choice.handle, "stop")
+            if include_usage:
+                yield _sse(reply.usage_chunk(len(choices[0].handle.prompt_ids),
+                                             sum(len(choice.token_ids) for choice in choices)))
         except Exception as error:  # the status line is sent: all that is left is to say so in the stream
             log.exception("stream %s failed", reply.id)
             yield _sse(error_body(f"internal error ({type(error).__name__}); the engine log has the details", 500))
         finally:
-            if not finished:
-                await self._cancel(handle)
+            for index in set(range(len(choices))) - streams.ended:
+                await self._cancel(choices[index].handle)
         yield "data: [DONE]\n\n"
 
+    def _model(self) -> dict[str, Any]:
+        return {"id": self.driver.model_name, "object": "model", "created": 0, "owned_by": "seam",
+                "max_model_len": self.driver.max_model_len}
+
     async def models(self, request: Request) -> Response:
-        driver = self.driver
-        return JSONResponse({"object": "list", "data": [{"id": driver.model_name, "object": "model", "created": 0,
-                                                         "owned_by": "seam", "max_model_len": driver.max_model_len}]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id != self.driver.model_name:
+            raise ApiError(f"the model {model_id!r} does not exist; this engine serves {self.driver.model_name!r}",
+                           "model", 404)
+        return JSONResponse(self._model())
 
     async def state(self, request: Request) -> Response:
         state = await self._control(self.driver.state)
@@ -281,16 +331,8 @@ class _Service:
         return JSONResponse(found.to_dict())
 
     async def metrics(self, request: Request) -> Response:
-        driver = self.driver
-
-        def render() -> str:
-            # Imported here so the service starts (and serves /v1) even where telemetry cannot.
-            from engine.telemetry.publisher import prometheus_text
-
-            operations = getattr(driver, "operations", lambda: [])()
-            return prometheus_text(driver.snapshot().to_dict(), [operation.to_dict() for operation in operations])
-
-        return PlainTextResponse(await self._control(render), media_type=METRICS_CONTENT_TYPE)
+        body = await self._control(generate_latest, self.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(self, request: Request) -> Response:
         # 503 while the driver reports itself unhealthy (e.g. caught in a recovery loop); a driver without
@@ -312,17 +354,20 @@ def _open(request: Request) -> None:
 
 def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               jobs: JobLedger | None = None, allowed_hosts: AllowedHosts | None = None,
-              witness: AuditWitness | None = None) -> Starlette:
+              witness: AuditWitness | None = None, chat_max_tokens: int | None = None) -> Starlette:
     """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one. `jobs`: the
     spent-job ledger and `witness` the witnessed audit heads (default: each in memory, for an app built in-process);
-    `allowed_hosts`: the Host names /v1 answers to (default: loopback's)."""
+    `allowed_hosts`: the Host names /v1 answers to (default: loopback's); `chat_max_tokens`: a chat's cap without
+    max_tokens (default: $SEAM_CHAT_MAX_TOKENS, else 1024)."""
     service = _Service(driver, credentials, max_body_bytes, jobs if jobs is not None else JobLedger(),
-                       allowed_hosts or AllowedHosts(), witness if witness is not None else AuditWitness())
+                       allowed_hosts or AllowedHosts(), witness if witness is not None else AuditWitness(),
+                       chat_max_tokens if chat_max_tokens is not None else read_chat_max_tokens())
     api, control = service.api_gate, service.control_gate
     routes = [
         ("/v1/completions", service.completions, "POST", api),
         ("/v1/chat/completions", service.chat, "POST", api),
         ("/v1/models", service.models, "GET", api),
+        ("/v1/models/{model_id:path}", service.model, "GET", api),
         ("/control/state", service.state, "GET", control),
         ("/control/plan", service.plan, "POST", control),
         ("/control/apply", service.apply, "POST", control),

@@ -1,39 +1,59 @@
 """The OpenAI dialect of the engine's HTTP service: strict request parsing and the response shapes.
 
 Parsing refuses anything it would otherwise have to guess at, naming the field: wrong types, values out of
-range, features the engine does not have (stop strings, logprobs, n > 1, ...) and arguments it does not know,
+range, features the engine does not have (echo, best_of, suffix, logit_bias) and arguments it does not know,
 as OpenAI itself does. Features it lacks are still accepted at the value that changes nothing, because
-clients often send them explicitly (`"logprobs": null`, `"presence_penalty": 0`).
+clients often send them explicitly (`"echo": false`, `"logit_bias": {}`).
+
+What the sampler does (penalties, logprobs) is engine/runtime/sampler.py's; what is text is done here: stop strings
+are matched on the decoded text, across token boundaries (a choice's text is cut before the first, and text that could
+begin one is held back until decided), and n choices are n requests to the engine, seeded seed, seed + 1, ...
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.control.protocol import RequestHandle
+from engine.errors import EngineError
 from engine.runtime.sampler import (
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
     MIN_TOP_P,
+    PENALTY_RANGE,
     SEED_MAX,
     TEMPERATURE_RULE,
     TOP_P_RULE,
     SamplingParams,
+    TokenLogprobs,
 )
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos",
-           "n", "stream", "stream_options", "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"}
+           "n", "stream", "stream_options", "user", "logprobs", "presence_penalty", "frequency_penalty",
+           "repetition_penalty", "logit_bias"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 # Features the engine lacks, accepted only at the values that leave a request unchanged.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-    "suffix": (None, ""), "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
+    "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
 }
+MAX_STOPS = 4  # OpenAI's limit on stop strings
+MAX_N = 128  # OpenAI's limit on choices
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit; chat's top_logprobs goes to MAX_LOGPROBS
+# A logprob JSON cannot spell: a token the top-k/top-p cut removed has -inf, which OpenAI writes as -9999.
+UNLIKELY_LOGPROB = -9999.0
+# A chat without max_tokens generates at most this many tokens (or what the context leaves, if less), so a client
+# that forgets the field does not hold a sequence until the context is full. Set by this environment variable.
+CHAT_MAX_TOKENS_ENV = "SEAM_CHAT_MAX_TOKENS"
+DEFAULT_CHAT_MAX_TOKENS = 1024
 
 
 class ApiError(Exception):
@@ -52,10 +72,12 @@ class GenerationRequest:
 
     prompt: str | list[int]
     prompt_field: str  # where the prompt came from ("prompt" or "messages"), named when it is refused
-    max_tokens: int | None  # None: whatever the context leaves (chat's default, as OpenAI)
+    max_tokens: int | None  # None: the chat default (`params`)
     sampling: dict[str, Any]
     stream: bool
     include_usage: bool
+    n: int = 1
+    stop: tuple[str, ...] = ()
 
     def check_prompt_chars(self, limit: int | None, max_model_len: int) -> None:
         """ApiError when a text prompt is longer than `limit` characters (Driver.max_prompt_chars): no such text fits
@@ -65,20 +87,43 @@ class GenerationRequest:
                            f"{limit:,} that can fit this engine's max_model_len of {max_model_len:,} tokens; shorten "
                            "it", self.prompt_field)
 
-    def params(self, prompt_tokens: int, max_model_len: int) -> SamplingParams:
-        max_tokens = self.max_tokens or max(1, max_model_len - prompt_tokens)
-        return SamplingParams(max_tokens=max_tokens, **self.sampling)
+    def params(self, prompt_tokens: int, max_model_len: int, chat_max_tokens: int) -> list[SamplingParams]:
+        """One SamplingParams per choice, choice i seeded seed + i. Without max_tokens: chat_max_tokens, or what the
+        context leaves if that is less."""
+        max_tokens = self.max_tokens or max(1, min(chat_max_tokens, max_model_len - prompt_tokens))
+        seed = self.sampling["seed"]
+        return [SamplingParams(max_tokens=max_tokens, **self.sampling | {
+            "seed": None if seed is None else (seed + i) % (SEED_MAX + 1)}) for i in range(self.n)]
+
+
+def read_chat_max_tokens(environ: Mapping[str, str] = os.environ) -> int:
+    """The chat default cap from SEAM_CHAT_MAX_TOKENS (default 1024); EngineError naming the variable when
+    malformed."""
+    text = environ.get(CHAT_MAX_TOKENS_ENV, "").strip()
+    if not text:
+        return DEFAULT_CHAT_MAX_TOKENS
+    if not text.isdigit() or int(text) < 1:
+        raise EngineError(f"{CHAT_MAX_TOKENS_ENV}={text!r}: expected a positive number of tokens "
+                          f"(default {DEFAULT_CHAT_MAX_TOKENS})")
+    return int(text)
 
 
 def parse_completion(body: dict[str, Any], model_name: str) -> GenerationRequest:
     _check_fields(body, COMPLETION_FIELDS, model_name)
-    return _generation(body, _prompt(body.get("prompt")), "prompt", max_tokens=_integer(body, "max_tokens", 16, 1))
+    logprobs = _integer(body, "logprobs", None, 0, maximum=MAX_COMPLETION_LOGPROBS)
+    return _generation(body, _prompt(body.get("prompt")), "prompt", max_tokens=_integer(body, "max_tokens", 16, 1),
+                       logprobs=logprobs)
 
 
 def parse_chat(body: dict[str, Any], model_name: str) -> GenerationRequest:
     _check_fields(body, CHAT_FIELDS, model_name)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _generation(body, render_chat(body.get("messages")), "messages", max_tokens=_integer(body, name, None, 1))
+    top = _integer(body, "top_logprobs", None, 0, maximum=MAX_LOGPROBS)
+    if top and not _boolean(body, "logprobs"):
+        raise ApiError("top_logprobs needs logprobs: true", "top_logprobs")
+    logprobs = (top or 0) if _boolean(body, "logprobs") else None
+    return _generation(body, render_chat(body.get("messages")), "messages", max_tokens=_integer(body, name, None, 1),
+                       logprobs=logprobs)
 
 
 def render_chat(messages: Any) -> str:
@@ -154,12 +199,9 @@ def _token_ids(value: Any, name: str) -> list[int]:
     return value
 
 
-def _generation(body: dict[str, Any], prompt: str | list[int], prompt_field: str,
-                max_tokens: int | None) -> GenerationRequest:
-    if _integer(body, "n", 1, 1) != 1:
-        raise ApiError("n must be 1: send one request per completion", "n")
-    if body.get("stop") not in (None, "", []):
-        raise ApiError("stop strings are not supported (the engine stops on token ids): use stop_token_ids", "stop")
+def _generation(body: dict[str, Any], prompt: str | list[int], prompt_field: str, max_tokens: int | None,
+                logprobs: int | None) -> GenerationRequest:
+    n = _integer(body, "n", 1, 1, maximum=MAX_N)
     stream = _boolean(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_usage"}):
@@ -172,8 +214,42 @@ def _generation(body: dict[str, Any], prompt: str | list[int], prompt_field: str
         "seed": _integer(body, "seed", None, 0, maximum=SEED_MAX),
         "stop_token_ids": tuple(_token_ids(body.get("stop_token_ids") or [], "stop_token_ids")),
         "ignore_eos": _boolean(body, "ignore_eos"),
+        "presence_penalty": _number(body, "presence_penalty", 0.0, *PENALTY_RANGE),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, *PENALTY_RANGE),
+        "repetition_penalty": _repetition_penalty(body),  # vLLM's extension
+        "logprobs": logprobs,
     }
-    return GenerationRequest(prompt, prompt_field, max_tokens, sampling, stream, include_usage)
+    return GenerationRequest(prompt, prompt_field, max_tokens, sampling, stream, include_usage, n, _stops(body))
+
+
+def _stops(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop in (None, ""):
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise ApiError(f"stop must be a string or a list of at most {MAX_STOPS} non-empty strings "
+                       f"(got {_show(stop)})", "stop")
+    return tuple(stops)
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ApiError(f"{name} must be a number from {low:g} to {high:g} (got {_show(value)})", name)
+    return float(value)
+
+
+def _repetition_penalty(body: dict[str, Any]) -> float:
+    value = body.get("repetition_penalty")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_REPETITION_PENALTY:
+        raise ApiError(f"repetition_penalty must be a number above 0 and at most {MAX_REPETITION_PENALTY:g}; 1 "
+                       f"disables it (got {_show(value)})", "repetition_penalty")
+    return float(value)
 
 
 def _integer(body: dict[str, Any], name: str, default: int | None, minimum: int,
@@ -221,12 +297,72 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+class Choice:
+    """One choice of a reply as the client sees it, fed its engine request's tokens as they come.
+
+    The tokens become text piece by piece (IncrementalText); the text is cut before the first stop string, and text
+    that could be the start of one is held back until the next tokens decide. The tokens the choice counts end with
+    the one that completed a stop string: those the engine emits after it are ignored (the caller cancels it).
+    """
+
+    def __init__(self, index: int, handle: RequestHandle, decode: Callable[[list[int]], str], stops: tuple[str, ...]):
+        self.index, self.handle, self.stops = index, handle, stops
+        self._text = IncrementalText(decode)
+        self._held = ""  # decoded, not yet sent: it may be the start of a stop string
+        self.stopped = False
+        self.token_ids: list[int] = []
+        self.offsets: list[int] = []  # where each token's text starts in the choice's text (text_offset)
+        self._chars = 0  # characters of text sent so far
+
+    def push(self, token_ids: list[int]) -> str:
+        """The text these tokens make safe to send; they are appended to `token_ids` up to a stop string's end."""
+        pieces = []
+        for token in token_ids:
+            if self.stopped:
+                break
+            self.token_ids.append(token)
+            self.offsets.append(self._chars + len(self._held))  # held text precedes this token's too
+            pieces.append(self._cut(self._text.push([token]), final=False))
+        return "".join(pieces)
+
+    def flush(self) -> str:
+        """At the end of generation: the text still held back (an incomplete character included)."""
+        return "" if self.stopped else self._cut(self._text.flush(), final=True)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return "stop" if self.stopped else self.handle.finish_reason
+
+    def _cut(self, text: str, final: bool) -> str:
+        buffer = self._held + text
+        found = [at for stop in self.stops if (at := buffer.find(stop)) >= 0]
+        if found:
+            self.stopped, self._held = True, ""
+            return self._sent(buffer[:min(found)])
+        keep = 0 if final else _stop_prefix(buffer, self.stops)
+        self._held = buffer[len(buffer) - keep:] if keep else ""
+        return self._sent(buffer[:len(buffer) - keep])
+
+    def _sent(self, text: str) -> str:
+        self._chars += len(text)
+        return text
+
+
+def _stop_prefix(text: str, stops: tuple[str, ...]) -> int:
+    """The length of the longest end of `text` that begins a stop string (0: none does)."""
+    return max((size for stop in stops for size in range(min(len(stop) - 1, len(text)), 0, -1)
+                if text.endswith(stop[:size])), default=0)
+
+
 @dataclass(frozen=True)
 class Reply:
-    """The OpenAI shapes of one request's answer, whole or as stream chunks, sharing one id and timestamp."""
+    """The OpenAI shapes of one request's answer, whole or as stream chunks, sharing one id and timestamp.
+    `logprobs`: the request asked for them (chat's shape or the legacy completions one, by `chat`)."""
 
     chat: bool
     model: str
+    decode: Callable[[list[int]], str]
+    logprobs: bool = False
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -235,28 +371,57 @@ class Reply:
         return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind, "created": self.created,
                 "model": self.model}
 
-    def whole(self, text: str, token_ids: list[int], finish_reason: str | None, prompt_tokens: int) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "text": text}
-        choice |= {"token_ids": token_ids, "finish_reason": finish_reason}  # token_ids: an extension
-        return self._head() | {"choices": [choice], "usage": usage(prompt_tokens, len(token_ids))}
+    def whole(self, choices: list[Choice], texts: list[str], prompt_tokens: int) -> dict:
+        bodies = []
+        for choice, text in zip(choices, texts, strict=True):
+            body = {"index": choice.index} | ({"message": {"role": "assistant", "content": text}} if self.chat
+                                              else {"text": text})
+            body |= self._logprobs(choice, 0, len(choice.token_ids))
+            bodies.append(body | {"token_ids": choice.token_ids, "finish_reason": choice.finish_reason})
+        completion_tokens = sum(len(choice.token_ids) for choice in choices)
+        return self._head() | {"choices": bodies, "usage": usage(prompt_tokens, completion_tokens)}
 
-    def chunk(self, text: str, token_ids: list[int], finish_reason: str | None = None,
+    def chunk(self, choice: Choice, text: str, start: int, finish_reason: str | None = None,
               role: bool = False) -> dict:
+        """A chunk of `choice`: its `text` and its tokens from `start` on (token_ids: an extension)."""
         if self.chat:
             delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text or role else {})
-            choice = {"index": 0, "delta": delta}
+            body = {"index": choice.index, "delta": delta}
         else:
-            choice = {"index": 0, "text": text}
-        choice |= {"token_ids": token_ids, "finish_reason": finish_reason}
-        return self._head(".chunk" if self.chat else "") | {"choices": [choice]}
+            body = {"index": choice.index, "text": text}
+        body |= self._logprobs(choice, start, len(choice.token_ids)) if not role else {}
+        body |= {"token_ids": choice.token_ids[start:], "finish_reason": finish_reason}
+        return self._head(".chunk" if self.chat else "") | {"choices": [body]}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
         """stream_options.include_usage: one last chunk with no choices and the usage, as OpenAI sends it."""
         return self._head(".chunk" if self.chat else "") | {"choices": [],
                                                             "usage": usage(prompt_tokens, completion_tokens)}
+
+    def _logprobs(self, choice: Choice, start: int, stop: int) -> dict[str, Any]:
+        """{"logprobs": ...} for tokens [start, stop) of `choice` when asked, else nothing."""
+        if not self.logprobs:
+            return {}
+        entries: list[TokenLogprobs] = choice.handle.logprobs[start:stop]
+        tokens = [self.decode([entry.token_id]) for entry in entries]
+        if self.chat:
+            content = [self._chat_token(token, entry.logprob) | {
+                "top_logprobs": [self._chat_token(self.decode([top]), logprob) for top, logprob in entry.top]}
+                for token, entry in zip(tokens, entries, strict=True)]
+            return {"logprobs": {"content": content, "refusal": None}}
+        # The legacy shape: each token's alternatives by text, with the chosen token's own always among them.
+        top = [{self.decode([other]): _finite(logprob) for other, logprob in entry.top}
+               | {token: _finite(entry.logprob)} for token, entry in zip(tokens, entries, strict=True)]
+        return {"logprobs": {"tokens": tokens, "token_logprobs": [_finite(entry.logprob) for entry in entries],
+                             "top_logprobs": top, "text_offset": choice.offsets[start:stop]}}
+
+    @staticmethod
+    def _chat_token(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": _finite(logprob), "bytes": list(token.encode())}
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, UNLIKELY_LOGPROB)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -3,7 +3,8 @@
 The driver emits from its engine thread (RequestHandle.emit / end call the handle's listener); the listener set here
 sets an asyncio.Event through the loop's call_soon_threadsafe, so a stream sleeps until its request has news and a
 thousand open streams cost nothing between steps. Each wait still ends after CHECK_S, so a waiter notices a client
-that went away, or a driver that ends a request without telling, within that time.
+that went away, or a driver that ends a request without telling, within that time. A reply of n choices reads its n
+requests as one (TokenStreams): their streams share one event, so one wait covers them all.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 from starlette.requests import Request
@@ -22,10 +23,11 @@ CHECK_S = 0.25
 
 
 class TokenStream:
-    def __init__(self, handle: RequestHandle):
+    def __init__(self, handle: RequestHandle, news: asyncio.Event | None = None):
+        """`news`: an event shared with other streams (TokenStreams), set when any of them has news."""
         self.handle = handle
         self._loop = asyncio.get_running_loop()
-        self._news = asyncio.Event()
+        self._news = news or asyncio.Event()
         handle.listener = self._wake  # tokens emitted before this are in the queue: the first drain takes them
 
     def _wake(self) -> None:
@@ -70,3 +72,35 @@ class TokenStream:
             if request is not None and await request.is_disconnected():
                 return False
             await self._news_or_check()
+
+
+class TokenStreams:
+    """Several requests read as one: each batch of token ids comes with its request's index, each request's end as
+    (index, None) once its finish_reason is final."""
+
+    def __init__(self, handles: Sequence[RequestHandle]):
+        self._news = asyncio.Event()
+        self.streams = [TokenStream(handle, self._news) for handle in handles]
+        self.ended: set[int] = set()
+
+    async def batches(self, request: Request | None = None) -> AsyncIterator[tuple[int, list[int] | None]]:
+        """Until every request ended, or (given `request`) its client went away: then `ended` misses some."""
+        while len(self.ended) < len(self.streams):
+            self._news.clear()  # before draining: news arriving after the drain still wakes the wait below
+            news = False
+            for index, stream in enumerate(self.streams):
+                if index in self.ended:
+                    continue
+                batch, ended = stream._drain()
+                if batch:
+                    news = True
+                    yield index, batch
+                if ended:
+                    news = True
+                    await stream.finished()
+                    self.ended.add(index)
+                    yield index, None
+            if not news:
+                if request is not None and await request.is_disconnected():
+                    return
+                await self.streams[0]._news_or_check()

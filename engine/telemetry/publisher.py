@@ -1,4 +1,4 @@
-"""Telemetry out of the engine: snapshots to Redis, and the Prometheus text for /metrics (no Django).
+"""Telemetry out of the engine: snapshots to Redis, and the snapshot's schema (no Django).
 
 The publisher keeps three things per channel, so a live page can follow AWX's protocol (load the
 latest, subscribe, fetch any gap by seq): pub/sub messages on `channel`, the newest snapshot at
@@ -14,24 +14,19 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
-from numbers import Integral, Real
+from collections.abc import Callable
+from numbers import Real
 from typing import Any
 
 import redis
 
-from contracts.control import OperationStatus
-from contracts.measurement import STEP_KINDS
-from contracts.telemetry import DEFAULT_CHANNEL, telemetry_keys
+from contracts.telemetry import DEFAULT_CHANNEL, USED_CATEGORIES, telemetry_keys
 
 log = logging.getLogger(__name__)
 
 RECENT = 256
 MAX_HZ = 100.0
 BACKOFF_S = (0.25, 5.0)  # first retry delay, ceiling; doubled per failure in between
-USED_CATEGORIES = ("weights", "kv_pool", "state_pool", "arena", "workspace", "other")
-# Exported even at zero; `queued` only while an operation is (it is queued for an instant).
-OPERATION_STATUSES = tuple(status.value for status in OperationStatus if status is not OperationStatus.QUEUED)
 
 
 def recent_since(client: redis.Redis, channel: str, after_seq: int) -> list[dict]:
@@ -188,117 +183,3 @@ def _check(value: object, schema: Any, where: str) -> None:
 def validate_snapshot(snapshot: object) -> None:
     """Raise ValueError naming the first missing or ill-typed key (e.g. `snapshot.ranks[1].used.arena`)."""
     _check(snapshot, SNAPSHOT_SCHEMA, "snapshot")
-
-
-# --- Prometheus text exposition -----------------------------------------------------------------
-
-def _escape_label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: Real) -> str:
-    if isinstance(value, Integral):  # bool too: 1 or 0
-        return str(int(value))
-    value = float(value)  # plain float repr, also for numpy scalars (whose repr names the type)
-    if not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
-    return repr(value)
-
-
-class _Exposition:
-    """Collects samples per metric so each family prints once: HELP, TYPE, then its samples."""
-
-    def __init__(self) -> None:
-        self.families: dict[str, tuple[str, str, list[str]]] = {}
-
-    def add(self, name: str, help_text: str, value: object, labels: dict[str, object] | None = None) -> None:
-        if not isinstance(value, Real):
-            return  # an absent figure (None) is absent, not zero
-        # All gauges: even seam_operations_total, whose per-status counts fall as operations finish.
-        family = self.families.setdefault(name, (help_text, "gauge", []))
-        label_text = ",".join(f'{key}="{_escape_label(val)}"' for key, val in (labels or {}).items())
-        family[2].append(f"{name}{{{label_text}}} {_number(value)}" if label_text else f"{name} {_number(value)}")
-
-    def text(self) -> str:
-        lines: list[str] = []
-        for name, (help_text, kind, samples) in self.families.items():
-            help_escaped = help_text.replace("\\", "\\\\").replace("\n", "\\n")
-            lines += [f"# HELP {name} {help_escaped}", f"# TYPE {name} {kind}", *samples]
-        return "\n".join(lines) + "\n"
-
-
-RANK_METRICS = (  # (metric, help, path in the rank's snapshot)
-    ("seam_rank_total_bytes", "Memory budget of the rank in bytes.", ("total_bytes",)),
-    ("seam_rank_free_bytes", "Free bytes on the rank after everything resident.", ("free_bytes",)),
-    ("seam_rank_corridor_floor_bytes", "Free bytes the rank must keep to survive traffic.", ("corridor_floor_bytes",)),
-    ("seam_rank_arming_floor_bytes", "Corridor floor plus seam reserve, in bytes.", ("arming_floor_bytes",)),
-    ("seam_rank_armable", "1 when the rank's free bytes clear its arming floor.", ("armable",)),
-    ("seam_kv_tokens_total", "KV pool capacity of the rank in tokens.", ("kv", "tokens_total")),
-    ("seam_kv_tokens_used", "KV tokens in use on the rank.", ("kv", "tokens_used")),
-    ("seam_state_slots_total", "Recurrent state slots on the rank.", ("state_slots", "total")),
-    ("seam_state_slots_used", "Recurrent state slots in use on the rank.", ("state_slots", "used")),
-)
-ENGINE_METRICS = (
-    ("seam_engine_running", "Requests running.", "running"),
-    ("seam_engine_waiting", "Requests waiting for admission.", "waiting"),
-    ("seam_engine_prefill_tokens_per_second", "Prefill throughput over the recent window.", "prefill_tok_s"),
-    ("seam_engine_decode_tokens_per_second", "Decode throughput over the recent window.", "decode_tok_s"),
-    ("seam_engine_reconfiguring", "1 while a reconfiguration is in progress.", "reconfiguring"),
-    ("seam_engine_pool_tokens", "Predicted KV pool of the current layout in tokens.", "pool_tokens"),
-    ("seam_engine_preemptions", "Requests preempted by recompute since start.", "preemptions"),
-    ("seam_engine_healthy", "1 when /healthz is ok: not broken and not in a recovery loop.", "healthy"),
-    ("seam_engine_recoveries_in_a_row", "Failed steps recovered since the last step that succeeded.",
-     "recoveries_in_a_row"),
-    ("seam_engine_recoveries", "Failed steps recovered since start.", "recoveries"),
-)
-LATENCY_METRICS = (  # the snapshot's engine.measurement.latency: recent finished requests of the current layout
-    ("seam_engine_latency_requests", "Finished requests the latency medians are over.", "requests"),
-    ("seam_engine_ttft_ms", "Median time to first token of recent requests, in ms.", "ttft_ms"),
-    ("seam_engine_itl_ms", "Median time between output tokens of recent requests, in ms.", "itl_ms"),
-)
-
-
-def _dig(data: dict, path: Iterable[str]) -> object:
-    for key in path:
-        data = data.get(key) if isinstance(data, dict) else None
-    return data
-
-
-def _measurement(out: _Exposition, ranks: list[dict], measurement: object) -> None:
-    """Stage medians per rank and kind, and the latency medians, of the snapshot's measurement (if it has one)."""
-    for kind in STEP_KINDS:
-        per_rank = _dig(measurement, (kind, "median_ms"))
-        if per_rank is None:
-            continue  # no step of this kind since the layout changed
-        for rank, ms in zip(ranks, per_rank, strict=True):
-            out.add("seam_engine_stage_ms", "Median stage time of the rank over recent steps of the kind, in ms.", ms,
-                    {"rank": rank["rank"], "name": rank["name"], "kind": kind})
-    for metric, help_text, key in LATENCY_METRICS:
-        out.add(metric, help_text, _dig(measurement, ("latency", key)))
-
-
-def prometheus_text(snapshot: dict, operations: list[dict]) -> str:
-    """The /metrics body for one snapshot (validated first) and the engine's operations."""
-    validate_snapshot(snapshot)
-    out = _Exposition()
-    for rank in snapshot["ranks"]:
-        labels = {"rank": rank["rank"], "name": rank["name"]}
-        for category in USED_CATEGORIES:
-            out.add("seam_rank_memory_bytes", "Bytes used on the rank, by category.", rank["used"][category],
-                    {**labels, "category": category})
-        for metric, help_text, path in RANK_METRICS:
-            out.add(metric, help_text, _dig(rank, path), labels)
-    engine = snapshot["engine"]
-    out.add("seam_engine_info", "The serving layout: cut and phase as labels.", 1,
-            {"cut": ",".join(str(n) for n in engine["cut"]), "phase": engine["phase"]})
-    for metric, help_text, key in ENGINE_METRICS:
-        out.add(metric, help_text, engine.get(key))
-    _measurement(out, snapshot["ranks"], engine.get("measurement"))
-    counts = dict.fromkeys(OPERATION_STATUSES, 0)
-    for operation in operations:
-        status = str(operation.get("status", "unknown"))
-        counts[status] = counts.get(status, 0) + 1
-    for status, count in counts.items():
-        out.add("seam_operations_total", "Operations the engine knows of, by status.", count, {"status": status})
-    out.add("seam_telemetry_seq", "Sequence number of the snapshot these figures come from.", snapshot["seq"])
-    return out.text()

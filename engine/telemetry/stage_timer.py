@@ -19,6 +19,11 @@ from contracts.measurement import NO_STEPS, STEP_KINDS, StageStats
 WINDOW = 256  # steps kept: a few seconds of serving, enough for a median of one workload
 
 
+def step_kind(prefill_tokens: int) -> str:
+    """A step is `prefill` when it computes any prompt token, else `decode` (every row one decode token)."""
+    return "prefill" if prefill_tokens else "decode"
+
+
 class StageTimer:
     """`with timer: ...` times the block; `timer.ms` holds the last block's milliseconds."""
 
@@ -55,8 +60,7 @@ class StageLog:
 
     def add(self, prefill_tokens: int, decode_tokens: int, stage_ms: list[float | None]) -> None:
         if all(ms is not None for ms in stage_ms):
-            kind = "prefill" if prefill_tokens else "decode"
-            self.steps.append((kind, prefill_tokens + decode_tokens, list(stage_ms)))
+            self.steps.append((step_kind(prefill_tokens), prefill_tokens + decode_tokens, list(stage_ms)))
 
     def clear(self) -> None:
         self.steps.clear()

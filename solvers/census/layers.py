@@ -14,12 +14,16 @@ class LayerKind:
     SLIDING_ATTENTION = "sliding_attention"
     MLA = "mla"
     LINEAR_ATTENTION = "linear_attention"  # Gated DeltaNet
+    KDA = "kda"  # Kimi delta attention: GDN with a per-channel decay, q/k/v short convs
+    LIGHTNING = "lightning_attention"  # MiniMax's linear attention: one K^T V state per head
     MAMBA = "mamba"
     MAMBA2 = "mamba2"
+    ATTENTION_MAMBA2 = "attention+mamba2"  # Falcon-H1: both mixers side by side, both caches
     MLP = "mlp"  # a layer with no token mixer (Nemotron-H '-' / 'E')
 
-    GROWING_KV = (FULL_ATTENTION, MLA)  # KV grows with every token
-    ALL = (FULL_ATTENTION, SLIDING_ATTENTION, MLA, LINEAR_ATTENTION, MAMBA, MAMBA2, MLP)
+    GROWING_KV = (FULL_ATTENTION, MLA, ATTENTION_MAMBA2)  # KV grows with every token
+    ALL = (FULL_ATTENTION, SLIDING_ATTENTION, MLA, LINEAR_ATTENTION, KDA, LIGHTNING, MAMBA, MAMBA2,
+           ATTENTION_MAMBA2, MLP)
 
 
 @dataclass(frozen=True)

@@ -122,10 +122,12 @@ def from_config(config: dict[str, Any], source: str) -> WeightQuantization | Non
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if method in W4A16_METHODS:
         return w4a16_from_config(quant, source)
+    if method == "mxfp4":
+        return mxfp4_from_config(quant)
     if method != "fp8":
         raise CensusError(
             f"{source}: quantization_config quant_method {method!r} cannot be priced (known: 'fp8', block-scaled; "
-            f"4-bit {', '.join(map(repr, W4A16_METHODS))}); "
+            f"4-bit {', '.join(map(repr, W4A16_METHODS))}; 'mxfp4' experts); "
             "state how the weights will be served with --weight-dtype bf16|fp16|fp32|fp8")
     block = quant.get("weight_block_size")
     if block is not None and (len(block) != 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
@@ -318,3 +320,40 @@ def _compressed_tensors(quant: dict[str, Any], where: str) -> W4A16Quantization:
     return W4A16Quantization(block=None, not_converted=None if quant.get("ignore") is None else plain,
                              source="quantization_config", method="compressed-tensors", group_size=group,
                              symmetric=bool(symmetric), checkpoint_format="pack-quantized", ignored_patterns=patterns)
+
+
+# --- MXFP4 experts (gpt-oss) ---------------------------------------------------------------------------------------
+MXFP4_BLOCK = 32  # weights per scale, along the input dimension
+MXFP4_BLOCK_BYTES = MXFP4_BLOCK // 2 + 1  # 16 bytes of packed 4-bit values + one uint8 e8m0 scale
+
+
+@dataclass(frozen=True)
+class Mxfp4Quantization(WeightQuantization):
+    """MXFP4 experts as gpt-oss publishes them (quant_method "mxfp4"): every expert matrix is stored as
+    `*_blocks` uint8 [E, out, in/32, 16] (two 4-bit values a byte) and `*_scales` uint8 [E, out, in/32] (one
+    e8m0 scale per 32 weights). Only expert matrices convert, as transformers' Mxfp4 integration replaces the
+    experts alone; modules_to_not_convert keeps more of them at the model dtype, and expert biases stay there."""
+
+    def layer_bytes(self, layer: LayerCensus, rest_width: int) -> int:
+        converted_params = quantized_bytes = 0
+        for linear in layer.linears:
+            if ".experts." not in f".{linear.name}.":
+                continue
+            copies = linear.count - self.kept_copies(layer.index, linear)
+            converted_params += copies * linear.out_features * linear.in_features
+            quantized_bytes += copies * linear.out_features * math.ceil(linear.in_features / MXFP4_BLOCK) \
+                * MXFP4_BLOCK_BYTES
+        return quantized_bytes + (layer.weight_params - converted_params) * rest_width
+
+    def to_dict(self) -> dict:
+        return {"method": "mxfp4", "block": [1, MXFP4_BLOCK], "scale_bytes": 1, "modules_not_converted": None
+                if self.not_converted is None else len(self.not_converted), "source": self.source}
+
+    def describe(self) -> str:
+        return f"of the experts in mxfp4 (4-bit, one e8m0 scale per {MXFP4_BLOCK} weights; other linears unconverted)"
+
+
+def mxfp4_from_config(quant: dict[str, Any]) -> Mxfp4Quantization:
+    kept = quant.get("modules_to_not_convert")
+    return Mxfp4Quantization((1, MXFP4_BLOCK), None if kept is None else tuple(str(entry) for entry in kept),
+                             "quantization_config")

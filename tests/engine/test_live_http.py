@@ -8,7 +8,6 @@ tests/security/test_engine_credentials.py; this service holds the test session's
 
 import json
 import random
-import re
 import time
 
 import httpx
@@ -21,11 +20,11 @@ from engine.runtime.sampler import SamplingParams
 from engine.serve.openai_api import render_chat
 from engine.telemetry.publisher import USED_CATEGORIES
 from tests.support.live_service import LiveService, run_concurrently
+from tests.support.metrics import Samples, scrape
 
 MAX_MODEL_LEN = 2048  # the cpu-demo rig's shape
 TEXT_PROMPT = "The operator asks which rank binds the pool"
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Which rank binds the pool?"}]
-SAMPLE = re.compile(r'^([a-z_]+)(\{[^}]*\})? (-?[0-9.e+]+|NaN|[+-]Inf)$')
 
 
 @pytest.fixture(scope="module")
@@ -68,21 +67,8 @@ def _events(response: httpx.Response) -> list:
     return events
 
 
-def _metrics(service) -> dict[tuple[str, tuple], float]:
-    reply = service.client.get("/metrics")
-    assert reply.status_code == 200
-    assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
-    samples = {}
-    for line in reply.text.splitlines():
-        if line.startswith("#"):
-            assert line.startswith(("# HELP ", "# TYPE ")), line
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not a Prometheus sample: {line!r}"
-        name, labels, value = match.groups()
-        pairs = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', labels or "")))
-        samples[(name, pairs)] = float(value)
-    return samples
+def _metrics(service) -> Samples:
+    return scrape(service.client)
 
 
 def test_streamed_tokens_equal_the_whole_answer(service, llm):
@@ -244,7 +230,7 @@ def test_a_client_that_disconnects_mid_stream_does_not_wedge_the_engine(service,
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         samples = _metrics(service)
-        if samples[("seam_engine_running", ())] == 0 and samples[("seam_engine_waiting", ())] == 0:
+        if samples[("seam_num_requests_running", ())] == 0 and samples[("seam_num_requests_waiting", ())] == 0:
             break
         time.sleep(0.1)
     else:
@@ -255,7 +241,7 @@ def test_a_client_that_disconnects_mid_stream_does_not_wedge_the_engine(service,
 
 def _busy(service) -> bool:
     samples = _metrics(service)
-    return samples[("seam_engine_running", ())] + samples[("seam_engine_waiting", ())] > 0
+    return samples[("seam_num_requests_running", ())] + samples[("seam_num_requests_waiting", ())] > 0
 
 
 def test_a_non_streaming_client_that_disconnects_is_cancelled(service):

@@ -2,6 +2,7 @@
 and a
 rank that has moved holding exactly the packing a fresh start of the same layout holds."""
 
+import importlib.util
 from dataclasses import replace
 
 import pytest
@@ -12,6 +13,7 @@ from engine.config import ModelConfig
 from engine.demo import make_demo_checkpoint
 from engine.errors import EngineError
 from engine.layers.merge import materialize, stack_rows
+from engine.memory.address_range import address_range
 from engine.memory.host_image import HostImage
 from engine.memory.slab import ALIGN, Slab, aligned, held_tensors
 from engine.ranks.rank import RankLayout, RankWorker
@@ -103,6 +105,12 @@ def test_the_range_backs_only_the_prefix_in_use(device):
         assert abs((before - grown) - (100 << 20)) <= 4 << 20 and abs((trimmed - grown) - (90 << 20)) <= 4 << 20
     with pytest.raises(EngineError, match="the slab needs"):
         slab.arrange([], [512 << 20])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None, reason="NVIDIA's driver bindings are installed here")
+def test_a_cuda_slab_without_the_driver_bindings_names_the_package_to_install():
+    with pytest.raises(EngineError, match=r"pip install 'cuda-bindings' \(the `gpu` extra\)"):
+        address_range(torch.device("cuda"), 1 << 20)
 
 
 def test_every_block_starts_aligned_and_the_pools_follow_the_weights():

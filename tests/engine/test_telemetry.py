@@ -4,7 +4,6 @@ import copy
 import itertools
 import json
 import logging
-import re
 import shutil
 import socket
 import subprocess
@@ -13,11 +12,14 @@ import uuid
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry, generate_latest
 
 from contracts.layout import Cut
 from contracts.measurement import NO_STEPS, Latency, LayoutMeasurement, PoolFigures, StageStats
 from contracts.telemetry import telemetry_keys
-from engine.telemetry.publisher import TelemetryPublisher, prometheus_text, recent_since, validate_snapshot
+from engine.telemetry.exposition import SnapshotCollector
+from engine.telemetry.publisher import TelemetryPublisher, recent_since, validate_snapshot
+from tests.support.metrics import parse_samples
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -277,36 +279,15 @@ def test_validate_snapshot_refuses_a_non_object():
 
 # --- Prometheus text ----------------------------------------------------------------------------
 
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
+def prometheus_text(snapshot: dict, operations: list[dict]) -> str:
+    """The exposition of one snapshot, as the service's registry writes it (engine/telemetry/exposition.py)."""
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: (snapshot, operations)))
+    return generate_latest(registry).decode()
 
 
 def parse_exposition(text: str) -> dict[tuple, float]:
-    """Parse line by line, as a scraper would; every sample must follow its family's TYPE."""
-    assert text.endswith("\n")
-    typed, helped, samples = set(), set(), {}
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            helped.add(line.split()[2])
-        elif line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ", 3)
-            assert kind in {"gauge", "counter"} and name not in typed and name in helped
-            typed.add(name)
-        else:
-            match = SAMPLE.match(line)
-            assert match, line
-            name, label_text, value = match.groups()
-            assert name in typed, f"sample before its TYPE: {line}"
-            labels = []
-            if label_text:
-                position = 0
-                while position < len(label_text):
-                    label = LABEL.match(label_text, position)
-                    assert label, line
-                    labels.append((label[1], re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m[1], m[1]), label[2])))
-                    position = label.end()
-            samples[(name, *sorted(labels))] = float(value)
-    return samples
+    return {(name, *labels): value for (name, labels), value in parse_samples(text).items()}
 
 
 def test_prometheus_text_exposes_every_figure():
@@ -321,14 +302,15 @@ def test_prometheus_text_exposes_every_figure():
     assert samples[("seam_rank_armable", *rank)] == 1
     assert samples[("seam_kv_tokens_total", *rank)] == 4096 and samples[("seam_kv_tokens_used", *rank)] == 128
     assert samples[("seam_state_slots_total", *rank)] == 8 and samples[("seam_state_slots_used", *rank)] == 2
-    assert samples[("seam_engine_running",)] == 3 and samples[("seam_engine_waiting",)] == 1
+    assert samples[("seam_num_requests_running",)] == 3 and samples[("seam_num_requests_waiting",)] == 1
+    assert samples[("seam_kv_cache_usage_perc",)] == 128 / 4096  # the fuller rank's
     assert samples[("seam_engine_prefill_tokens_per_second",)] == 812.5
     assert samples[("seam_engine_decode_tokens_per_second",)] == 64.25
     assert samples[("seam_engine_reconfiguring",)] == 0
     assert samples[("seam_engine_info", ("cut", "9,7"), ("phase", "serving"))] == 1
-    assert samples[("seam_operations_total", ("status", "succeeded"))] == 2
-    assert samples[("seam_operations_total", ("status", "running"))] == 1
-    assert samples[("seam_operations_total", ("status", "rolled_back"))] == 0
+    assert samples[("seam_operations_known", ("status", "succeeded"))] == 2
+    assert samples[("seam_operations_known", ("status", "running"))] == 1
+    assert samples[("seam_operations_known", ("status", "rolled_back"))] == 0
     assert samples[("seam_telemetry_seq",)] == 42
     assert sum(1 for key in samples if key[0] == "seam_rank_memory_bytes") == 12  # 2 ranks x 6 categories
 
@@ -339,7 +321,7 @@ def test_prometheus_label_values_are_escaped():
     assert 'name="gpu \\"big\\"\\\\x4\\nnext"' in text
     samples = parse_exposition(text)  # still one sample per line, and the value round-trips
     assert samples[("seam_rank_free_bytes", ("name", hostile), ("rank", "0"))] == 5000
-    assert samples[("seam_operations_total", ("status", 'odd"status'))] == 1
+    assert samples[("seam_operations_known", ("status", 'odd"status'))] == 1
 
 
 def test_prometheus_text_refuses_a_malformed_snapshot():
@@ -354,7 +336,18 @@ def test_prometheus_text_reports_a_recovery_loop_as_unhealthy():
     snapshot["engine"].update(healthy=False, recoveries_in_a_row=3, recoveries=5)
     samples = parse_exposition(prometheus_text(snapshot, []))
     assert samples[("seam_engine_healthy",)] == 0
-    assert samples[("seam_engine_recoveries_in_a_row",)] == 3 and samples[("seam_engine_recoveries",)] == 5
+    assert samples[("seam_engine_recoveries_in_a_row",)] == 3 and samples[("seam_recoveries_total",)] == 5
+
+
+def test_prometheus_text_exposes_pool_blocks_and_preemptions():
+    snapshot = make_snapshot(4)
+    snapshot["engine"].update(shape={"max_model_len": 2048, "block_size": 16}, preemptions=7)
+    text = prometheus_text(snapshot, [])
+    assert "# TYPE seam_num_preemptions_total counter" in text  # a counter: rate() and increase() apply
+    samples = parse_exposition(text)
+    assert samples[("seam_num_preemptions_total",)] == 7
+    assert samples[("seam_kv_free_blocks", ("name", "r0"), ("rank", "0"))] == 4096 // 16
+    assert samples[("seam_kv_free_blocks", ("name", "r1"), ("rank", "1"))] == (4096 - 128) // 16
 
 
 def _measurement(decode: StageStats, prefill: StageStats, latency: Latency) -> dict:

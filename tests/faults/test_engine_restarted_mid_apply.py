@@ -23,10 +23,10 @@ from console.audit.models import AuditEvent
 from console.jobs import layout_watch, lifecycle, worker
 from console.jobs.layout_watch import RESTARTED_MID_APPLY, UNEXPLAINED_CHANGE
 from console.jobs.models import Job
-from tests.console.jobs.test_webhooks import Receiver
 from tests.support.faults import operation_phase, rank_held, rank_pids, sigkill, wait_until
 from tests.support.jobs import apply_as_the_worker, other_cut, wait_for_end
 from tests.support.live_service import LiveService
+from tests.support.webhooks import Receiver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -84,7 +84,7 @@ def test_a_rank_stalled_past_the_transfer_timeout_is_replaced_not_rebuilt_in_the
 
 
 def running_requests(engine: LiveService) -> int:
-    found = re.search(r"^seam_engine_running ([0-9.]+)$", engine.client.get("/metrics").text, re.MULTILINE)
+    found = re.search(r"^seam_num_requests_running ([0-9.]+)$", engine.client.get("/metrics").text, re.MULTILINE)
     return int(float(found.group(1))) if found else 0
 
 

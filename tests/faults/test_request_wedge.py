@@ -15,6 +15,7 @@ import pytest
 from contracts.control import OperationStatus
 from engine.control.health import MAX_RECOVERIES_IN_A_ROW
 from engine.control.operations import KEEP_FINISHED, OperationRecord, Operations
+from engine.telemetry.metrics import EngineMetrics
 from tests.support.faults import operations_total, wait_until
 from tests.support.live_service import LiveService
 
@@ -112,14 +113,14 @@ def test_a_request_that_fails_every_step_is_refused_after_a_few_recoveries(engin
 
 
 def recoveries_succeeded(engine: LiveService) -> int:
-    found = re.search(r'^seam_operations_total\{status="succeeded"\} ([0-9.]+)$', engine.client.get("/metrics").text,
-                      re.MULTILINE)
+    found = re.search(r'^seam_operations_total\{kind="recovery",outcome="succeeded"\} ([0-9.]+)$',
+                      engine.client.get("/metrics").text, re.MULTILINE)
     return int(float(found.group(1)))
 
 
 def test_only_the_newest_finished_operations_are_kept():
     """A failure loop once left 2,059 operation records; queued and running ones are never dropped."""
-    ops = Operations(SimpleNamespace(lock=threading.RLock()))
+    ops = Operations(SimpleNamespace(lock=threading.RLock()), EngineMetrics("demo", []))
     running = OperationRecord("recovery-0", "recovery", {}, "", status=OperationStatus.RUNNING)
     ops.record(running)
     for n in range(1, KEEP_FINISHED + 50):

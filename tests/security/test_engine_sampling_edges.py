@@ -15,6 +15,7 @@ import torch
 
 from engine.errors import EngineRequestError
 from engine.runtime.sampler import MIN_TOP_P, Sampler, SamplingParams
+from engine.runtime.sequence import Sequence
 
 EDGES = ["5e-324", "1e-320", "2.2250738585072014e-308", "1e-300", "1e-40", "1e-38", "1e308", "-0.0",
          "1.7976931348623157e308", "18446744073709551616", "9223372036854775808", "-9223372036854775809",
@@ -64,4 +65,4 @@ def test_the_smallest_top_p_samples_the_most_likely_token():
     logits = torch.randn(1, 1024)
     for seed in range(5):
         params = SamplingParams(temperature=0.7, top_p=MIN_TOP_P, seed=seed)
-        assert Sampler().sample(logits, [params], [seed]) == [int(logits.argmax())]
+        assert Sampler().sample(logits, [Sequence(seed, [0], params)]) == [int(logits.argmax())]

@@ -15,8 +15,8 @@ import httpx
 
 from tests.support.jobs import Worker
 
-_OPERATIONS = re.compile(r'^seam_operations_total\{status="[^"]*"\} ([0-9.]+)$', re.MULTILINE)
-_WAITING = re.compile(r"^seam_engine_waiting ([0-9.]+)$", re.MULTILINE)
+_OPERATIONS = re.compile(r'^seam_operations_known\{status="[^"]*"\} ([0-9.]+)$', re.MULTILINE)
+_WAITING = re.compile(r"^seam_num_requests_waiting ([0-9.]+)$", re.MULTILINE)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 60.0, what: str = "the condition") -> object:

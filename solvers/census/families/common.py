@@ -51,12 +51,17 @@ def moe_linears(
 def build_census(
     fields: ConfigFields, layers: list[LayerCensus], *, hidden: int, intermediate: int,
     vocab_field: tuple[str, ...] = ("vocab_size",), final_norm_params: int | None = None,
-    notes: tuple[str, ...] = (),
+    notes: tuple[str, ...] = (), published_dtype: tuple[str, str] | None = None,
 ) -> ModelCensus:
-    """The common frame: dtype, embeddings, lm_head (tied or not), final norm."""
+    """The common frame: dtype, embeddings, lm_head (tied or not), final norm.
+
+    `published_dtype` is (dtype, why) for a family whose published config names no dtype although its
+    checkpoint has one (gpt-oss); without it such a config is priced at float32, as transformers loads it."""
     vocab = fields.get(*vocab_field)
     dtype = fields.get("torch_dtype", "dtype", default=None)
-    if dtype is None:
+    if dtype is None and published_dtype is not None:
+        dtype, notes = published_dtype[0], (*notes, published_dtype[1])
+    elif dtype is None:
         dtype, notes = "float32", (*notes, "config names no torch_dtype; priced at float32 as transformers loads it")
     tied = bool(fields.get("tie_word_embeddings", default=False))
     return ModelCensus(
@@ -70,6 +75,6 @@ def build_census(
         hidden_size=hidden,
         vocab_size=vocab,
         intermediate_size=intermediate,
-        max_position_embeddings=fields.get("max_position_embeddings", "seq_length", default=None),
+        max_position_embeddings=fields.get("max_position_embeddings", "seq_length", "model_max_length", default=None),
         notes=notes,
     )

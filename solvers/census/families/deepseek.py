@@ -12,12 +12,12 @@ from solvers.census.fields import ConfigFields
 from solvers.census.layers import LayerCensus, LayerKind, Linear
 from solvers.census.model import ModelCensus
 
-_MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
-def _attention(fields: ConfigFields, hidden: int, heads: int) -> tuple[list[Linear], int]:
+def mla_attention(fields: ConfigFields, hidden: int, heads: int) -> tuple[list[Linear], int]:
     """(matrices, loose params: norms and biases) of one MLA block."""
-    kv_lora, nope, rope, v_dim = (fields.config[name] for name in _MLA_FIELDS)
+    kv_lora, nope, rope, v_dim = (fields.config[name] for name in MLA_FIELDS)
     q_lora = fields.config["q_lora_rank"]  # null on V2-Lite: a plain q_proj
     bias = bool(fields.get("attention_bias", default=False))
     q_width = heads * (nope + rope)
@@ -60,12 +60,12 @@ def deepseek(fields: ConfigFields) -> ModelCensus:
     experts = fields.get("n_routed_experts", default=0)
     has_dense = not experts or fields.get("first_k_dense_replace", default=0) > 0 or _moe_freq(fields) > 1
     hidden, num_layers, heads, kv_lora, _, rope, *_ = require_all(
-        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", *_MLA_FIELDS, "vocab_size",
+        fields, "hidden_size", "num_hidden_layers", "num_attention_heads", *MLA_FIELDS, "vocab_size",
         *(("intermediate_size",) if has_dense else ()), *(("moe_intermediate_size",) if experts else ()),
         # null means a plain q_proj (V2-Lite); an absent key is not the same statement, so it is demanded.
         also_missing=() if "q_lora_rank" in fields.config else ("q_lora_rank",),
     )
-    attention, attention_loose = _attention(fields, hidden, heads)
+    attention, attention_loose = mla_attention(fields, hidden, heads)
     layers = []
     for index in range(num_layers):
         ffn, ffn_loose, ffn_kind = _ffn(fields, hidden, index)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.calibration import end_job, executed_job, measurement, stages, state_of
+from tests.support.metrics import parse_samples
 
 pytestmark = pytest.mark.django_db
 
@@ -34,9 +35,9 @@ def test_with_nothing_measured_it_explains_rather_than_fails(get, viewer, dead_e
     assert (body["incumbent_source"], body["noise_floor_source"], body["noise_floor"]) == ("rig", "rig", 0.141)
     predictions = get("/api/v1/predictions/", user=viewer)
     assert predictions["results"] == [] and predictions["summary"]["pool_error"]["mean"] is None
-    text = get("/api/v1/metrics/", user=viewer).content.decode()
-    assert "seam_calibration_unidentified_ranks 3\n" in text and "seam_calibration_samples 0\n" in text
-    assert 'seam_prediction_pool_error_ratio{stat="mean"}' not in text  # no job: left out, never a made-up 0
+    samples = parse_samples(get("/api/v1/metrics/", user=viewer).content.decode())
+    assert samples[("seam_calibration_unidentified_ranks", ())] == 3 and samples[("seam_calibration_samples", ())] == 0
+    assert ("seam_prediction_pool_error_ratio", (("stat", "mean"),)) not in samples  # no job: never a made-up 0
 
 
 def test_one_cut_change_identifies_the_two_ranks_it_moved(get, viewer, dead_engine, seed):
@@ -76,11 +77,11 @@ def test_predictions_list_executed_jobs_newest_first_with_a_summary(get, viewer,
     assert body["summary"]["pool_error"] == {"jobs": 2, "mean": 0.01, "max": 0.02, "last": 0.0}
     assert get("/api/v1/predictions/", {"limit": "1"}, user=viewer)["results"][0]["job"] == newer.job_id
     assert get("/api/v1/predictions/", {"limit": "x"}, user=viewer, expect=400)["field"] == "limit"
-    text = get("/api/v1/metrics/", user=viewer, HTTP_ACCEPT="text/plain").content.decode()
-    assert 'seam_prediction_pool_error_ratio{stat="max"} 0.02\n' in text
-    assert 'seam_prediction_pool_error_ratio{stat="last"} 0\n' in text
-    assert 'seam_prediction_stage_error_ratio{stat="mean"} 0.1\n' in text
-    assert "seam_calibration_samples 4\n" in text and "seam_calibration_unidentified_ranks 0\n" in text
+    samples = parse_samples(get("/api/v1/metrics/", user=viewer, HTTP_ACCEPT="text/plain").content.decode())
+    assert samples[("seam_prediction_pool_error_ratio", (("stat", "max"),))] == 0.02
+    assert samples[("seam_prediction_pool_error_ratio", (("stat", "last"),))] == 0
+    assert samples[("seam_prediction_stage_error_ratio", (("stat", "mean"),))] == 0.1
+    assert samples[("seam_calibration_samples", ())] == 4 and samples[("seam_calibration_unidentified_ranks", ())] == 0
 
 
 def test_the_timing_model_is_validated_on_held_out_layouts(get, viewer, dead_engine, seed):
@@ -102,10 +103,10 @@ def test_the_timing_model_is_validated_on_held_out_layouts(get, viewer, dead_eng
     assert rows[(6, 6, 4)]["error"] < -0.1  # a fit over the others under-predicts the slow layout
     assert validation["max_abs_error"] == pytest.approx(max(abs(row["error"]) for row in rows.values()))
     assert [layout["cut"] for layout in body["layouts"]] == [[6, 6, 4], [8, 4, 4], [7, 5, 4]]
-    text = get("/api/v1/metrics/", user=viewer).content.decode()
-    assert f'seam_timing_validation_error_ratio{{stat="max"}} {validation["max_abs_error"]:.6g}\n' in text
-    assert f'seam_timing_validation_error_ratio{{stat="mean"}} {validation["mean_abs_error"]:.6g}\n' in text
-    assert "seam_timing_validation_layouts 3\n" in text
+    samples = parse_samples(get("/api/v1/metrics/", user=viewer).content.decode())
+    assert samples[("seam_timing_validation_error_ratio", (("stat", "max"),))] == validation["max_abs_error"]
+    assert samples[("seam_timing_validation_error_ratio", (("stat", "mean"),))] == validation["mean_abs_error"]
+    assert samples[("seam_timing_validation_layouts", ())] == 3
 
 
 def test_frontier_intervals_are_finite_numbers(get, viewer, dead_engine, seed):

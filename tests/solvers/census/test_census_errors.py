@@ -26,6 +26,13 @@ REQUIRED = {
     "chatglm": ["hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "padded_vocab_size"],
     "jamba": ["attn_layer_period", "attn_layer_offset", "mamba_d_state", "mamba_d_conv", "mamba_expand"],
     "nemotron_h": ["hybrid_override_pattern", "hidden_size", "vocab_size"],
+    # GptOssConfig's defaults are gpt-oss-120b's: its geometry and layer plan are demanded.
+    "gpt_oss": ["num_key_value_heads", "head_dim", "num_local_experts", "layer_types", "vocab_size"],
+    "glm4_moe": ["n_routed_experts", "moe_intermediate_size", "first_k_dense_replace", "num_key_value_heads"],
+    "falcon_h1": ["mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_d_conv", "mamba_d_ssm"],
+    "granitemoehybrid": ["hidden_size", "num_attention_heads", "shared_intermediate_size", "num_key_value_heads"],
+    "kimi_linear": ["kv_lora_rank", "qk_rope_head_dim", "num_experts", "moe_intermediate_size", "q_lora_rank"],
+    "minimax": ["hidden_size", "intermediate_size", "num_local_experts", "num_key_value_heads"],
 }
 
 
