@@ -15,6 +15,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.layers.merge import stack_rows
 from engine.layers.norm import HALF, RMSNorm
+from engine.layers.quantized import Linears, project
 from engine.layers.rotary import apply_rotary
 from engine.layers.step import LayerStep
 from engine.ops.attention import paged_attention
@@ -35,10 +36,11 @@ class Attention(nn.Module):
         self.gated = config.attn_output_gate
         hidden = config.hidden_size
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, q_width * (2 if self.gated else 1), bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, kv_width, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, kv_width, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(q_width, hidden, bias=config.o_bias)
+        linears = Linears(config, layer_index).scoped("self_attn")  # nn.Linear, or quantized as the census prices
+        self.q_proj = linears("q_proj", hidden, q_width * (2 if self.gated else 1), bias=config.qkv_bias)
+        self.k_proj = linears("k_proj", hidden, kv_width, bias=config.qkv_bias)
+        self.v_proj = linears("v_proj", hidden, kv_width, bias=config.qkv_bias)
+        self.o_proj = linears("o_proj", q_width, hidden, bias=config.o_bias)
         # Plain attributes, not parameters: the merged tensor owns the storage q/k/v_proj's parameters view.
         self.qkv_weight: torch.Tensor | None = None
         self.qkv_bias: torch.Tensor | None = None
@@ -51,6 +53,8 @@ class Attention(nn.Module):
     def merge_projections(self) -> None:
         """Stack q_proj, k_proj and v_proj (weights, and biases where present) so one GEMM computes all three."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
+        if not all(isinstance(p, nn.Linear) for p in projections):
+            return  # quantized projections stay apart (engine/layers/quantized.py: their blocks and packing)
         self.qkv_weight = stack_rows([p.weight for p in projections], self.qkv_weight)
         if self.q_proj.bias is not None:
             self.qkv_bias = stack_rows([p.bias for p in projections], self.qkv_bias)
@@ -95,4 +99,4 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, step.cos, step.sin), apply_rotary(k, step.cos, step.sin)
         out = paged_attention(q, k, v, k_cache, v_cache, step.paged, self.head_dim**-0.5, self.window, gate,
                               kv_written=fused_write)
-        return linear(out.reshape(tokens, -1), self.o_proj.weight, self.o_proj.bias)  # a GEMV at batch 1
+        return project(self.o_proj, out.reshape(tokens, -1))  # a GEMV at batch 1

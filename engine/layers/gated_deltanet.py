@@ -17,6 +17,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.layers.merge import stack_rows
 from engine.layers.norm import GatedRMSNorm
+from engine.layers.quantized import Linears, project
 from engine.layers.step import LayerStep
 from engine.ops.conv import conv_forward
 from engine.ops.fused import fused
@@ -40,18 +41,21 @@ class GatedDeltaNet(nn.Module):
         self.k_dim, self.v_dim = config.linear_key_head_dim, config.linear_value_head_dim
         self.key_width, self.value_width = config.linear_key_dim, config.linear_value_dim
         hidden, conv_dim = config.hidden_size, config.conv_dim
-        self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_width + 2 * self.value_width, bias=False)
-        self.in_proj_ba = nn.Linear(hidden, 2 * self.v_heads, bias=False)
+        linears = Linears(config, layer_index).scoped("linear_attn")  # nn.Linear, or quantized as the census prices
+        self.in_proj_qkvz = linears("in_proj_qkvz", hidden, 2 * self.key_width + 2 * self.value_width)
+        self.in_proj_ba = linears("in_proj_ba", hidden, 2 * self.v_heads)
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, config.linear_conv_kernel_dim, groups=conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.v_heads))
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_width, hidden, bias=False)
+        self.out_proj = linears("out_proj", self.value_width, hidden)
         self.in_proj_merged: torch.Tensor | None = None  # set by merge_projections(): a plain tensor, not a parameter
 
     def merge_projections(self) -> None:
         """One GEMM for both input projections: their rows stacked, qkvz first (each keeps its per-key-head grouping);
-        the parameters become views of the merged tensor."""
+        the parameters become views of the merged tensor. Quantized projections stay apart (layers/quantized.py)."""
+        if not isinstance(self.in_proj_qkvz, nn.Linear) or not isinstance(self.in_proj_ba, nn.Linear):
+            return
         self.in_proj_merged = stack_rows([self.in_proj_qkvz.weight, self.in_proj_ba.weight], self.in_proj_merged)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,4 +91,4 @@ class GatedDeltaNet(nn.Module):
         # z [T, k_heads, per_key, v_dim] as the projection lays it out: the norm kernel reads it without a copy.
         z = qkvz[..., 2 * self.k_dim + per_key * self.v_dim:].unflatten(-1, (per_key, self.v_dim))
         out = self.norm(out.reshape(tokens, self.v_heads, self.v_dim), z).reshape(tokens, self.value_width)
-        return linear(out, self.out_proj.weight, self.out_proj.bias)
+        return project(self.out_proj, out)

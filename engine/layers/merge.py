@@ -8,7 +8,9 @@ grouped GEMMs (engine/layers/moe.py).
 
 The merged tensor owns the storage and each parameter becomes a view of its rows, so the parameters keep their
 checkpoint names and shapes (the loader, the host image's checksums and the memory accounting see no difference) and
-no byte is held twice. Merging again (a rank's reconfiguration refills some layers) re-concatenates whatever the
+no byte is held twice. Quantized projections (engine/layers/quantized.py) are never merged: their layers skip it, since
+stacked rows would split an fp8 scale block or a packed zero-point word wherever a width is not a multiple of it.
+Merging again (a rank's reconfiguration refills some layers) re-concatenates whatever the
 parameters hold now; given the previous merged tensor, a merge whose parameters are still its views keeps it (a layer
 kept across a reconfiguration, or rows a parent module stacked already) rather than copying it.
 """

@@ -13,20 +13,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.merge import stack_rows
+from engine.layers.quantized import Linears
 from engine.ops.fused import fused
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, linears: Linears | None = None):
+        """`linears` (scoped to this MLP's census name) makes the projections a quantized checkpoint converts."""
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        make = linears or (lambda _, in_features, out_features, bias: nn.Linear(in_features, out_features, bias))
+        self.gate_proj = make("gate_proj", hidden_size, intermediate_size, bias)
+        self.up_proj = make("up_proj", hidden_size, intermediate_size, bias)
+        self.down_proj = make("down_proj", intermediate_size, hidden_size, bias)
         # Plain attributes (not parameters): the parameters stay the checkpoint's, as views of these rows.
         self.gate_up_weight: torch.Tensor | None = None
         self.gate_up_bias: torch.Tensor | None = None
 
     def merge_projections(self) -> None:
+        if not isinstance(self.gate_proj, nn.Linear) or not isinstance(self.up_proj, nn.Linear):
+            return  # quantized projections stay apart (engine/layers/quantized.py)
         self.gate_up_weight = stack_rows([self.gate_proj.weight, self.up_proj.weight], self.gate_up_weight)
         if self.gate_proj.bias is not None:
             self.gate_up_bias = stack_rows([self.gate_proj.bias, self.up_proj.bias], self.gate_up_bias)

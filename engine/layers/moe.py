@@ -19,6 +19,8 @@ ride in the partials' launch too (`SparseMoE.forward_with_norm`, which DecoderLa
 its norm computed there, engine/ops/triton_router.py), one launch fewer a layer. A larger router keeps its cuBLAS
 GEMV; a shared expert of another shape (or an unmerged layer's) runs as its own GatedMLP, its gate's logit from the
 GEMV.
+Quantized experts (engine/layers/quantized.py) are `QuantizedExperts`: gate, up and down each a stack of E, run by the
+reference loop; they are never stacked with the shared expert, nor the router merged with a quantized gate.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.errors import EngineConfigError
 from engine.layers.merge import stack_experts, stack_rows
 from engine.layers.mlp import GatedMLP, silu_mul
 from engine.layers.norm import RMSNorm
+from engine.layers.quantized import Linears, QuantizedLinear
 from engine.ops.fused import fused
 
 try:
@@ -130,31 +134,86 @@ class Experts(nn.Module):
         return out
 
 
+class QuantizedExperts(nn.Module):
+    """Routed experts whose weights stay quantized: gate_proj, up_proj and down_proj each a stack of E (built from
+    the checkpoint's per-expert tensors). Each hit expert runs once on its tokens, as Experts.looped."""
+
+    has_shared_slot = False
+
+    def __init__(self, num_experts: int, gate_proj: QuantizedLinear, up_proj: QuantizedLinear,
+                 down_proj: QuantizedLinear):
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+
+    @classmethod
+    def build(cls, linears: Linears, num_experts: int, hidden_size: int, intermediate_size: int
+              ) -> QuantizedExperts | None:
+        """The experts as the census' quantization converts them, or None when it keeps them unquantized."""
+        gate, up, down = (linears.quantized(f"experts.*.{name}", inputs, outputs, experts=num_experts)
+                          for name, inputs, outputs in (("gate_proj", hidden_size, intermediate_size),
+                                                        ("up_proj", hidden_size, intermediate_size),
+                                                        ("down_proj", intermediate_size, hidden_size)))
+        if gate is None and up is None and down is None:
+            return None
+        if gate is None or up is None or down is None:
+            raise EngineConfigError(f"{linears.config.source}: layer {linears.layer_index} quantizes some of its "
+                                    "experts' projections but not all; the engine converts all three or none")
+        return cls(num_experts, gate, up, down)
+
+    def runs_triton(self, x: torch.Tensor) -> bool:
+        return False
+
+    def routes_in_kernels(self, x: torch.Tensor, top_k: int) -> bool:
+        return False
+
+    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for expert in torch.unique(expert_ids).tolist():
+            token_idx, slot = torch.where(expert_ids == expert)
+            tokens = x[token_idx]
+            hidden = F.silu(self.gate_proj(tokens, expert)) * self.up_proj(tokens, expert)
+            y = self.down_proj(hidden, expert) * weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
+
+
 class SparseMoE(nn.Module):
     def __init__(
         self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
-        norm_topk_prob: bool, shared_intermediate_size: int = 0,
+        norm_topk_prob: bool, shared_intermediate_size: int = 0, linears: Linears | None = None,
     ):
+        """`linears` (scoped to the layer's `mlp`) makes the linears and experts a quantized checkpoint converts."""
         super().__init__()
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
-        self.gate = nn.Linear(hidden_size, num_experts, bias=False)  # the router
-        self.experts = Experts(num_experts, hidden_size, intermediate_size)
-        self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
-        self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_intermediate_size else None
+        make = linears or (lambda _, in_features, out_features: nn.Linear(in_features, out_features, bias=False))
+        self.gate = make("gate", hidden_size, num_experts)  # the router
+        quantized = QuantizedExperts.build(linears, num_experts, hidden_size, intermediate_size) if linears else None
+        self.experts = quantized if quantized is not None else Experts(num_experts, hidden_size, intermediate_size)
+        self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, linears=linears and linears.scoped(
+            "shared_expert")) if shared_intermediate_size else None
+        self.shared_expert_gate = make("shared_expert_gate", hidden_size, 1) if shared_intermediate_size else None
         self.router_weight: torch.Tensor | None = None  # gate rows then the shared gate's row, once merged
 
     def merge_projections(self) -> None:
-        """Router and shared-expert gate as one GEMV; a shared expert of one expert's shape stacked as expert E."""
+        """Router and shared-expert gate as one GEMV; a shared expert of one expert's shape stacked as expert E.
+        Quantized ones stay apart (engine/layers/quantized.py)."""
         if self.shared_expert_gate is None:
             return
-        self.router_weight = stack_rows([self.gate.weight, self.shared_expert_gate.weight], self.router_weight)
+        if isinstance(self.gate, nn.Linear) and isinstance(self.shared_expert_gate, nn.Linear):
+            self.router_weight = stack_rows([self.gate.weight, self.shared_expert_gate.weight], self.router_weight)
         if self._shared_fits_a_slot():
             self.experts.stack_shared(self.shared_expert)
 
     def _shared_fits_a_slot(self) -> bool:
-        """Whether the shared expert has a routed expert's shape (Qwen3-Next: both 512 wide), so it can be one."""
-        return self.shared_expert.down_proj.weight.shape == self.experts.down_proj.shape[1:]
+        """Whether the shared expert has a routed expert's shape (Qwen3-Next: both 512 wide), so it can be one:
+        both unquantized, with the router merged."""
+        if not isinstance(self.experts, Experts) or self.router_weight is None:
+            return False
+        shared = self.shared_expert
+        plain = all(isinstance(p, nn.Linear) for p in (shared.gate_proj, shared.up_proj, shared.down_proj))
+        return plain and shared.down_proj.weight.shape == self.experts.down_proj.shape[1:]
 
     def kernel_router(self, x: torch.Tensor) -> torch.Tensor | None:
         """The router's weight when the routing kernels compute the logits from x themselves (no cuBLAS GEMV): on

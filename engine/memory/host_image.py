@@ -60,15 +60,19 @@ class HostImage:
         """The image of a random checkpoint of `config`, made in place: no checkpoint on disk, no model in memory.
 
         For rigs emulated at full size (tens of GB): every tensor is filled from one seeded block of N(0, 0.02)
-        values in the config's dtype, the scale of transformers' initialisation, so activations stay finite.
+        values in its dtype (a quantized checkpoint's fp8 weights and fp32 scales in theirs, packed 4-bit words from
+        the model dtype's bytes), the scale of transformers' initialisation, so activations stay finite.
         """
         names = {name: (tuple(p.shape), p.dtype) for name, p in
                  build_model(config, 0, config.num_layers, device="meta").named_parameters(remove_duplicate=False)}
         image = cls._allocate(names)
-        block = (torch.randn(1 << 24, generator=torch.Generator().manual_seed(seed)) * 0.02).to(config.torch_dtype)
-        block = block.view(torch.uint8)
-        for name in names:
-            raw = image.raw(name)
+        values = torch.randn(1 << 24, generator=torch.Generator().manual_seed(seed)) * 0.02
+        blocks = {}
+        for name, (_, dtype) in names.items():
+            dtype = dtype if dtype.is_floating_point else config.torch_dtype
+            if dtype not in blocks:
+                blocks[dtype] = values.to(dtype).view(torch.uint8)
+            block, raw = blocks[dtype], image.raw(name)
             for start in range(0, raw.numel(), block.numel()):
                 piece = raw[start:start + block.numel()]
                 piece.copy_(block[:piece.numel()])

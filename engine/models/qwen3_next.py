@@ -12,6 +12,7 @@ from engine.layers.decoder import DecoderLayer
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.mlp import GatedMLP
 from engine.layers.moe import SparseMoE
+from engine.layers.quantized import Linears
 from engine.models.base import RangeCausalLM
 from solvers.census import LayerKind
 
@@ -23,11 +24,12 @@ class Qwen3NextModel(RangeCausalLM):
             mixer_name, mixer = "linear_attn", GatedDeltaNet(config, index)
         else:
             mixer_name, mixer = "self_attn", Attention(config, index)
+        linears = Linears(config, index).scoped("mlp")  # nn.Linear, or quantized as the census prices
         if config.is_moe_layer(index):
             mlp = SparseMoE(
                 config.hidden_size, config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
-                config.norm_topk_prob, config.shared_expert_intermediate_size,
+                config.norm_topk_prob, config.shared_expert_intermediate_size, linears,
             )
         else:
-            mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+            mlp = GatedMLP(config.hidden_size, config.intermediate_size, linears=linears)
         return DecoderLayer(config, mixer_name, mixer, mlp)

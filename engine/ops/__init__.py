@@ -1,4 +1,5 @@
-"""Numerical kernels: attention over paged KV, the GDN recurrence, the short causal conv.
+"""Numerical kernels: attention over paged KV, the GDN recurrence, the short causal conv, matmuls over quantized
+weights.
 
 Each has a PyTorch path that runs anywhere; a fused kernel is used only where it is importable and on its device.
 """

@@ -7,6 +7,7 @@ Here, not in tests/support's plugins: benchmarks/gpu.py runs this folder's tests
 import pytest
 
 from tests.support.engine_checkpoints import reference_model, save_checkpoint
+from tests.support.quant_checkpoints import write_quantized
 
 
 @pytest.fixture(scope="session")
@@ -19,5 +20,20 @@ def reference_checkpoint(tmp_path_factory):
             model = reference_model(case)
             made[case] = (save_checkpoint(model, tmp_path_factory.mktemp(case)), model)
         return made[case]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def quantized_checkpoint(reference_checkpoint, tmp_path_factory):
+    """format (tests/support/quant_checkpoints.py FORMATS) -> (quantized folder, dequantized reference folder) of
+    the qwen3_next_moe case's weights, each written once."""
+    made = {}
+
+    def make(fmt: str):
+        if fmt not in made:
+            _, model = reference_checkpoint("qwen3_next_moe")
+            made[fmt] = write_quantized(model, tmp_path_factory.mktemp(f"quant-{fmt}"), fmt)
+        return made[fmt]
 
     return make
