@@ -167,7 +167,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     make_private(var)  # what an older run, a copy or a restore left readable to others
     logs = Logs(var)
     terminal = Terminal(logs)
-    _send_logging_to(logs, terminal)
     demo = var / "demo-checkpoint"
     external = os.environ.get(ENGINE_URL_ENV) or None
     if external and args.ladder:
@@ -175,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                  "another: start that engine with `engine serve --ladder ...`, or unset SEAM_ENGINE_URL")
     ladder = checked_ladder(args.ladder) if args.ladder else None
     send_traffic = not external if args.demo_traffic is None else args.demo_traffic
+    _send_logging_to(logs, terminal, send_traffic)
     engine_port = int(os.environ.get("SEAM_ENGINE_PORT", "8100"))
     port = int(os.environ.get("SEAM_PORT", "8000"))
     engine_url = external or f"http://127.0.0.1:{engine_port}"
@@ -247,11 +247,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         supervisor.stop()
 
 
-def _send_logging_to(logs: Logs, terminal: Terminal) -> None:
+def _send_logging_to(logs: Logs, terminal: Terminal, send_traffic: bool) -> None:
     """This process's own log records to var/log/launch.log; demo traffic's to var/log/demo-traffic.log, its
     changes (failing, answering again) to the terminal too."""
     logging.basicConfig(stream=terminal.file, level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s",
                         force=True)
+    if not send_traffic:
+        return
     traffic = logging.getLogger("seam.demo_traffic")
     traffic.setLevel(logging.DEBUG)
     traffic.propagate = False
