@@ -19,7 +19,7 @@ from typing import TextIO
 
 from console.private_files import make_private
 
-__all__ = ["Logs", "Terminal", "TerminalHandler"]
+__all__ = ["Logs", "Terminal", "TerminalHandler", "shown_path"]
 
 
 class Logs:
@@ -36,10 +36,10 @@ class Logs:
 
     def shown(self, name: str) -> str:
         """The path of `name`'s log as the terminal shows it: relative to the working folder when under it."""
-        return _shown(self.path(name))
+        return shown_path(self.path(name))
 
     def shown_folder(self) -> str:
-        return _shown(self.folder)
+        return shown_path(self.folder)
 
     def open(self, name: str) -> int:
         """A descriptor that appends to `name`'s log, emptied when this run opens it for the first time."""
@@ -72,7 +72,8 @@ class Logs:
                      f"{self.tail(name)}")
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
+    """`path` as the terminal shows it: relative to the working folder when under it."""
     try:
         return str(path.relative_to(Path.cwd()))
     except ValueError:

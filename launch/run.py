@@ -33,7 +33,7 @@ from contracts.telemetry import DEFAULT_CHANNEL
 from launch.demo_traffic import DemoTraffic
 from launch.engine import ENGINE_URL_ENV, check_external_engine, checked_ladder, demo_engine_command
 from launch.local_redis import find_or_start_redis
-from launch.logs import Logs, Terminal, TerminalHandler
+from launch.logs import Logs, Terminal, TerminalHandler, shown_path
 from launch.stack_secrets import process_env, stack_secrets
 from launch.supervisor import Supervisor
 
@@ -119,7 +119,7 @@ def _password_line(var: Path, password: str) -> str:
     path.unlink(missing_ok=True)
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
         handle.write(password + "\n")
-    return f"password: in {path} (new on each run; `cat` it)"
+    return f"password: in {shown_path(path)} (new on each run; `cat` it)"
 
 
 def banner(*, port: int, logins: str, engine: str, redis: str, stack: str, traffic: bool, logs: Logs) -> str:
