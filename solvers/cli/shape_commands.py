@@ -67,8 +67,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                                                       "the rig's max_model_len when its config states none)")
     shape.add_argument("--step", type=whole(1), default=DEFAULT_STEP, help=f"tokens per step down (default "
                                                                            f"{DEFAULT_STEP})")
-    shape.add_argument("--safety-band", type=size, help="free band kept after everything (default: the rig's, "
-                                                        "else 2GiB)")
+    shape.add_argument("--safety-band", type=size, help="free band kept after everything (default 2GiB)")
     add_weight_dtype_flag(shape)
     add_json_flag(shape)
     shape.set_defaults(handler=run_shape)
