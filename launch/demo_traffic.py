@@ -1,6 +1,7 @@
 """Demo traffic for `make run`: short completions sent to the engine one at a time, so its stage times, tokens/s
 and latency — the dashboard's live figures and the calibration the frontier reads — keep moving on a demo stack
-nobody is sending text to.
+nobody is sending text to. Each answer is logged at DEBUG (make run keeps those in var/log/demo-traffic.log); a
+change, failing or answering again, at WARNING or INFO (make run shows those on the terminal too).
 
 Gentle and bounded: never more than one request in flight, a pause after each answer, and a growing pause (doubling
 up to a ceiling) while the engine refuses or cannot be reached. A failure is logged once, not once per attempt; the
@@ -66,6 +67,7 @@ class DemoTraffic:
             problem = self._send(client, prompt)
             if problem is None:
                 self.answered += 1
+                log.debug("demo traffic: completion %d answered", self.answered)
                 if failing:
                     log.info("demo traffic: the engine answers again")
                 backoff, failing, pause = self.backoff_s[0], False, self.pause_s

@@ -115,7 +115,8 @@ def largest_max_model_len(pool_bytes: int, bytes_per_token: int, seqs: int, *, s
     fits, then try one bonus step up of half a step; refused, with the arithmetic, if no step fits."""
     ceiling = model.max_position_embeddings if model is not None else None
     if start is None and ceiling is None:
-        raise SolverError("largest_max_model_len: give start, or a model whose config states max_position_embeddings")
+        raise SolverError("no max_model_len to start from: give start, or a model whose config states "
+                          "max_position_embeddings")
     start = _positive("start", start if start is not None else ceiling)
     if ceiling is not None and start > ceiling:
         raise SolverError(f"start {start} exceeds the model's max_position_embeddings {ceiling}; start at or below it")

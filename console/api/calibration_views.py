@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.exceptions import ValidationError
+from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -15,13 +14,19 @@ from rest_framework.views import APIView
 from console.api.errors import ApiErrors
 from console.api.pagination import Pages
 from console.api.permissions import HasRole
+from console.api.query import NumberQuery
 from console.api.serializers import ErrorSerializer
-from console.calibration.coverage import calibration_report, parse_target
+from console.calibration.coverage import DEFAULT_TARGET, MIN_TARGET, TARGET_BELOW, calibration_report
 from console.calibration.metrics import CONTENT_TYPE, exposition
 from console.calibration.models import JobPrediction
 from console.calibration.predictions import prediction_dict, summary
 
 __all__ = ["CalibrationView", "MetricsView", "PredictionsView", "executed_predictions"]
+
+
+TARGET = NumberQuery(name="target", minimum=MIN_TARGET, below=TARGET_BELOW, example="0.05",
+                     description=f"the relative precision to resolve ms per layer to (default {DEFAULT_TARGET}: "
+                                 f"{DEFAULT_TARGET:.0%})")
 
 
 def executed_predictions():
@@ -35,15 +40,9 @@ class CalibrationView(ApiErrors, APIView):
 
     permission_classes = [IsAuthenticated, HasRole]
 
-    @extend_schema(parameters=[OpenApiParameter(
-        "target", float, description="the relative precision to resolve ms per layer to, from 0.0001 up to (not "
-        "including) 1 (default 0.05: 5%)")], responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
+    @extend_schema(parameters=[TARGET.parameter()], responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
     def get(self, request):
-        try:
-            target = parse_target(request.query_params.get("target"))
-        except ValueError as error:
-            raise ValidationError({"target": str(error)}) from None
-        return Response(calibration_report(target))
+        return Response(calibration_report(TARGET.read(request.query_params, DEFAULT_TARGET)))
 
 
 class PredictionsView(ApiErrors, APIView):
@@ -52,10 +51,7 @@ class PredictionsView(ApiErrors, APIView):
 
     permission_classes = [IsAuthenticated, HasRole]
 
-    @extend_schema(parameters=[
-        OpenApiParameter("limit", int, description="jobs per page (default 100, at most 1000)"),
-        OpenApiParameter("offset", int, description="jobs to skip")],
-        responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
+    @extend_schema(parameters=Pages.parameters(), responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
     def get(self, request):
         rows = executed_predictions()
         pages = Pages()

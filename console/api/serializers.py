@@ -56,9 +56,14 @@ class JobSerializer(serializers.ModelSerializer):
                 "noise_floor": prediction.noise_floor, "error": None, "missed": None}
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class PlanTargetField(serializers.JSONField):
+    """A plan's target: a JSON object whose fields depend on the kind (parse_body says which)."""
+
+
 class ProposeSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=JobKind.choices)
-    target = serializers.JSONField(help_text='The plan target, e.g. {"cut": [8, 4, 4]}.')
+    target = PlanTargetField(help_text='The plan target, a JSON object, e.g. {"cut": [8, 4, 4]}.')
     incumbent_fingerprint = serializers.CharField(required=False,
                                                   help_text="The layout the operator looked at; refused if stale.")
     not_before = serializers.DateTimeField(
@@ -69,7 +74,8 @@ class ProposeSerializer(serializers.Serializer):
 class ApproveSerializer(serializers.Serializer):
     # Required, as on the job page's form: an approval is bound to the plan the reviewer saw (review-gate rule 2),
     # never to whatever the job's plan is by the time the request lands.
-    plan_hash = serializers.CharField(max_length=64,
+    # Not trimmed: a hash with spaces is another plan's (409), not an empty field (400) the schema allows.
+    plan_hash = serializers.CharField(min_length=1, max_length=64, trim_whitespace=False,
                                       help_text="The plan the reviewer saw; refused (409) if the job's plan changed.")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 import redis
 from django.conf import settings
@@ -30,6 +29,7 @@ from console.api.errors import ApiErrors
 from console.api.frontier import running_frontier
 from console.api.pagination import Pages
 from console.api.permissions import HasRole
+from console.api.query import NumberQuery
 from console.api.serializers import (
     ApproveSerializer,
     AuditEventSerializer,
@@ -99,17 +99,27 @@ class RevokeTokenView(ApiErrors, APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+SCHEMA_FORMATS = ("json", "yaml")  # the renderers SpectacularAPIView has, as its ?format= enum declares
+
+
 class SchemaView(ApiErrors, SpectacularAPIView):
     """The OpenAPI schema, for logged-in users only: it maps every endpoint and field."""
 
     permission_classes = [IsAuthenticated]
 
     def perform_content_negotiation(self, request, force=False):
+        # DRF reads an empty ?format= as none given; the schema declares json or yaml, so it is refused too.
+        if request.query_params.get("format", "json") not in SCHEMA_FORMATS:
+            self._refuse_format(request)
         try:
             return super().perform_content_negotiation(request, force)
         except Http404:  # ?format= names no renderer: say so, as JSON, like every refusal
-            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), "application/json"
-            raise ValidationError({"format": "use json or yaml (or leave it out for YAML)"}) from None
+            self._refuse_format(request)
+
+    @staticmethod
+    def _refuse_format(request) -> None:
+        request.accepted_renderer, request.accepted_media_type = JSONRenderer(), "application/json"
+        raise ValidationError({"format": f"use {' or '.join(SCHEMA_FORMATS)} (or leave it out for YAML)"})
 
     @extend_schema(**SCHEMA_KWARGS)
     def get(self, request, *args, **kwargs):
@@ -277,23 +287,15 @@ class FrontierView(ApiErrors, APIView):
 
     permission_classes = [IsAuthenticated, HasRole]
 
-    @extend_schema(parameters=[OpenApiParameter(
-        "min_pool_ratio", float, description="keep only cuts whose pool is at least this fraction of the "
-        "incumbent's: a finite number >= 0, e.g. 0.9")], responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
+    # float() also reads "nan" and "inf": NaN compares false with every pool (a frontier of nothing answered 200
+    # as if it were one), so only a finite ratio >= 0 is a question; NumberQuery refuses both.
+    MIN_POOL_RATIO = NumberQuery(name="min_pool_ratio", minimum=0, example="0.9",
+                                 description="keep only cuts whose pool is at least this fraction of the incumbent's")
+
+    @extend_schema(parameters=[MIN_POOL_RATIO.parameter()],
+                   responses={200: OpenApiTypes.OBJECT, 400: ErrorSerializer})
     def get(self, request):
-        raw = request.query_params.get("min_pool_ratio")
-        ratio = None
-        if raw not in (None, ""):
-            try:
-                ratio = float(raw)
-            except ValueError:
-                ratio = math.nan
-            # float() also reads "nan" and "inf": NaN compares false with every pool (a frontier of nothing
-            # answered 200 as if it were one), so only a finite ratio >= 0 is a question.
-            if not math.isfinite(ratio) or ratio < 0:
-                raise ValidationError(
-                    {"min_pool_ratio": f"expected a finite number >= 0, e.g. 0.9 (got {raw[:40]!r})"})
-        return Response(running_frontier(ratio).to_dict())
+        return Response(running_frontier(self.MIN_POOL_RATIO.read(request.query_params)).to_dict())
 
 
 class TelemetryLatestView(ApiErrors, APIView):

@@ -20,22 +20,24 @@ from console.calibration.running import RunningLayout, fit_samples, matching_mea
 from solvers.calibration import ArmPlan, Sample, coverage
 from solvers.capacity import CutPricer
 
-__all__ = ["DEFAULT_TARGET", "calibration_report", "parse_target"]
+__all__ = ["DEFAULT_TARGET", "MIN_TARGET", "TARGET_BELOW", "calibration_report", "parse_target"]
 
 DEFAULT_TARGET = 0.05
 MIN_TARGET = 0.0001  # finer than 0.01% is beyond any stage timer, and squared counts past it overflow a float
+TARGET_BELOW = 1.0  # a precision of 100% or worse resolves nothing
 
 
 def parse_target(raw: str | None) -> float:
-    """?target=: a relative precision in [MIN_TARGET, 1), e.g. 0.05 for 5%; ValueError naming what is wrong."""
+    """?target=: a relative precision in [MIN_TARGET, TARGET_BELOW), e.g. 0.05 for 5%; ValueError naming what is
+    wrong. The API reads the same limits (console/api/calibration_views.py)."""
     if raw in (None, ""):
         return DEFAULT_TARGET
     try:
         target = float(raw)
     except ValueError:
         target = math.nan
-    if not MIN_TARGET <= target < 1:  # NaN fails this too
-        raise ValueError(f"expected a relative precision between {MIN_TARGET} and 1, e.g. 0.05 for 5% "
+    if not MIN_TARGET <= target < TARGET_BELOW:  # NaN fails this too
+        raise ValueError(f"expected a relative precision between {MIN_TARGET} and {TARGET_BELOW:g}, e.g. 0.05 for 5% "
                          f"(got {raw[:40]!r})")
     return target
 

@@ -1,25 +1,25 @@
 """The planner's command line: readable tables by default, `--json` for automation.
 
 Each sub-command returns (data, text), or (data, text, status) when its answer is a refusal;
-`main` prints one or the other and turns a SolverError into a one-line message on stderr with exit
-status 2, never a traceback. Exit status: 0 answered, 2 bad input, 3 nothing asked about fits.
+`main` prints one or the other and turns a refused flag or a SolverError into a one-line message on stderr
+with exit status 2, never a traceback; every message names the flags to change. Exit status: 0 answered, 2 bad
+input, 3 nothing asked about fits.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 
 from contracts.errors import ContractError
 from solvers.cli import model_commands, plan_commands, shape_commands
-from solvers.cli.args import BAD_INPUT
+from solvers.cli.args import BAD_INPUT, BadArguments, Parser
 from solvers.errors import SolverError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="python -m solvers",
         description="Seam's planner: census, capacity, timing, frontier, shapes and ladders for uneven GPUs.",
     )
@@ -31,10 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         data, text, *status = args.handler(args)
-    except (ContractError, SolverError) as error:
+    except (BadArguments, ContractError, SolverError) as error:
         print(f"error: {error}", file=sys.stderr)
         return BAD_INPUT
     try:

@@ -9,10 +9,14 @@ from solvers.census import builtin_models
 from solvers.cli.args import (
     NOTHING_FITS,
     add_json_flag,
+    add_rig_flag,
     add_shape_flags,
     add_weight_dtype_flag,
+    checked_cut,
     load_model,
+    naming_flags,
     parse_cut,
+    rig_for,
     shape_from_args,
     weights_refusal,
 )
@@ -42,9 +46,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     rig.set_defaults(handler=run_rig)
 
     pool = commands.add_parser("pool", help="the KV pool of one layout, with the per-rank budget table")
-    pool.add_argument("--rig", required=True)
+    add_rig_flag(pool)
     pool.add_argument("--model", required=True)
-    pool.add_argument("--cut", help="pipeline cut, e.g. 28,20,16 (default: the rig's incumbent)")
+    pool.add_argument("--cut", type=parse_cut, help="pipeline cut, e.g. 28,20,16 (default: the rig's incumbent)")
     pool.add_argument("--tp-vector", help="price a tensor-parallel layout with this token vector, e.g. 2.4:1:1")
     add_weight_dtype_flag(pool)
     add_shape_flags(pool)
@@ -90,23 +94,25 @@ def run_rig(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def run_pool(args: argparse.Namespace) -> tuple[dict, str] | tuple[dict, str, int]:
-    model, rig = load_model(args, args.model), load_rig(args.rig)
+    model = load_model(args, args.model)
+    rig, notes = rig_for(args, model)
     shape = shape_from_args(args, rig.shape)
     if refused := weights_refusal(model, rig):
         return refused
     if args.tp_vector:
-        result = tp_pool(model, rig, args.tp_vector, shape)
+        with naming_flags(**{"token vector": "--tp-vector"}):
+            result = tp_pool(model, rig, args.tp_vector, shape)
         rows = [(i, rig.ranks[i].name, f"{share:.3f}", cap) for i, (share, cap)
                 in enumerate(zip(result.shares, result.capacities, strict=True))]
         text = "\n".join([
             (f"TP pool {result.pool_tokens} tokens (binding rank {result.binding_rank}); a vector matched to "
              f"capacity reaches {result.sum_of_capacities}") if result.feasible else "REFUSED",
-            *[f"refused: {r}" for r in result.reasons], "",
+            *[f"note: {n}" for n in notes], *[f"refused: {r}" for r in result.reasons], "",
             render(["rank", "name", "share", "capacity"], rows)])
-        return (result.to_dict(), text) if result.feasible else (result.to_dict(), text, NOTHING_FITS)
-    notes = []
+        data = {**result.to_dict(), "notes": notes}
+        return (data, text) if result.feasible else (data, text, NOTHING_FITS)
     if args.cut:
-        cut = parse_cut(args.cut)
+        cut = checked_cut("--cut", args.cut, model, rig)
     else:
         cut, note = rig.incumbent_for(model.num_layers)
         notes += [note] if note else []

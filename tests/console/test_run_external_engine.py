@@ -7,6 +7,7 @@ only read it."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,9 +82,22 @@ def test_with_seam_engine_url_it_starts_no_engine_and_every_process_gets_the_sam
         redis_server.process.wait(timeout=10)
     assert not alive, f"processes left after SIGINT: {alive}"
     assert not [command for command in commands if "engine serve" in command or "make-demo-checkpoint" in command]
-    assert f"engine: using the engine at SEAM_ENGINE_URL={engine.url}" in printed
-    assert f"redis: using the Redis at {redis_server.url} (REDIS_URL, found reachable)" in printed
-    assert "demo traffic: off" in printed  # not sent to an engine it did not start, unless asked
+    assert f"  engine:       using the engine at SEAM_ENGINE_URL={engine.url}" in printed
+    assert f"  redis:        using REDIS_URL={redis_server.url} (it answers)" in printed
+    assert "  demo traffic: off" in printed  # not sent to an engine it did not start, unless asked
+    # The processes' output is in their logs; the terminal has the banner, last, and state changes only.
+    logs = tmp_path / "var" / "log"
+    assert sorted(path.stem for path in logs.glob("*.log")) == ["beat", "bridge", "collectstatic", "launch",
+                                                                "migrate", "web", "worker"]
+    assert "Operations to perform" in (logs / "migrate.log").read_text()
+    lines = printed.splitlines()
+    first, last = lines.index(f"Seam is running at http://127.0.0.1:{port}/") - 1, len(lines) - 1
+    while not lines[last].startswith("From here on only changes are printed"):
+        last -= 1
+    state_changes = [line for line in lines[:first - 1] + lines[last + 1:] if line]
+    assert state_changes and all(re.fullmatch(r"\d\d:\d\d:\d\d make run: .+", line) for line in state_changes), \
+        state_changes
+    assert len(lines[first - 1:last + 1]) < 20  # the banner, not Celery's banners and access lines
     assert set(environs) == set(STACK_ROLES), commands
     for role, environ in environs.items():
         assert environ.get("SEAM_STACK") == f"port{port}", role

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launch.logs import Logs
 from launch.supervisor import RestartPolicy, Supervisor
 from tests.support.faults import wait_until
 
@@ -27,7 +28,7 @@ def supervised(tmp_path: Path):
     made: list[Supervisor] = []
 
     def make(policy: RestartPolicy) -> tuple[Supervisor, list[str]]:
-        supervisor = Supervisor(tmp_path, policy, log=lines.append)
+        supervisor = Supervisor(tmp_path, policy, logs=Logs(tmp_path), log=lines.append)
         made.append(supervisor)
         return supervisor, lines
     yield make
@@ -44,8 +45,8 @@ def _check_until(supervisor: Supervisor, predicate, what: str, timeout: float = 
 
 def test_a_killed_child_is_restarted_with_a_log_line_and_the_others_keep_running(supervised):
     supervisor, lines = supervised(RestartPolicy(first_delay_s=0.2))
-    kept = supervisor.start("the engine", SLEEPER)
-    victim = supervisor.start("the Celery worker", SLEEPER)
+    kept = supervisor.start("the engine", SLEEPER, log_name="engine")
+    victim = supervisor.start("the Celery worker", SLEEPER, log_name="worker")
     os.kill(victim.pid, signal.SIGKILL)
     _check_until(supervisor, lambda: any(line.startswith("make run: restarted the Celery worker") for line in lines),
                  "the worker to be restarted")
@@ -61,8 +62,8 @@ def test_a_killed_child_is_restarted_with_a_log_line_and_the_others_keep_running
 def test_quick_failures_back_off_doubling_then_the_supervisor_gives_up(supervised):
     supervisor, lines = supervised(RestartPolicy(first_delay_s=0.1, max_delay_s=0.4, healthy_after_s=60,
                                                  max_quick_failures=5))
-    kept = supervisor.start("the engine", SLEEPER)
-    supervisor.start("Celery beat", FAILS_AT_ONCE)
+    kept = supervisor.start("the engine", SLEEPER, log_name="engine")
+    supervisor.start("Celery beat", FAILS_AT_ONCE, log_name="beat")
     with pytest.raises(SystemExit) as gave_up:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -79,7 +80,8 @@ def test_quick_failures_back_off_doubling_then_the_supervisor_gives_up(supervise
 
 def test_a_child_that_ran_healthy_starts_its_back_off_afresh(supervised):
     supervisor, lines = supervised(RestartPolicy(first_delay_s=0.1, healthy_after_s=0.5, max_quick_failures=2))
-    supervisor.start("the telemetry bridge", [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(1)"])
+    supervisor.start("the telemetry bridge", [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(1)"],
+                     log_name="bridge")
     _check_until(supervisor, lambda: sum("restarting it in" in line for line in lines) >= 3,
                  "three restarts of a child that runs a second each time")
     delays = [line.rsplit("restarting it in ", 1)[1] for line in lines if "restarting it in" in line]

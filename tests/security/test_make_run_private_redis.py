@@ -14,17 +14,18 @@ import pytest
 import redis
 
 from launch.local_redis import find_or_start_redis, free_port
+from launch.logs import Logs
 from launch.supervisor import Supervisor
 
 
 @pytest.fixture
-def private_redis(monkeypatch, tmp_path: Path):
-    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")  # nothing there: a private one starts
-    supervisor = Supervisor(tmp_path)
+def private_redis(tmp_path: Path):
+    environ = {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}  # nothing there: a private one starts
     var = tmp_path / "var"
     var.mkdir(mode=0o700)
+    supervisor = Supervisor(tmp_path, logs=Logs(var))
     try:
-        yield (*find_or_start_redis(var, supervisor), var)
+        yield (*find_or_start_redis(var, supervisor, environ), var)
     finally:
         supervisor.stop(timeout_s=10)
 

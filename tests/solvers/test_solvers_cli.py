@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -67,10 +68,11 @@ def test_tp_pool_from_the_command_line(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["census", "nonesuch"], "no such built-in name"),
-    (["pool", "--rig", "reference", "--model", "reference-hybrid-64", "--cut", "28,20"], "has 2 entries"),
+    (["pool", "--rig", "reference", "--model", "reference-hybrid-64", "--cut", "28,20"],
+     "--cut 28,20: give 3 layer counts"),
     (["pool", "--rig", "nope", "--model", "reference-hybrid-64"], "built-in rigs"),
-    (["timing", "--incumbent", "28,20,16", "--stage-ms", "1,2", "--cut", "42,12,10"], "2 stage times"),
-    (["pool", "--rig", "reference", "--model", "reference-hybrid-64", "--max-num-seqs", "0"], "max_num_seqs"),
+    (["timing", "--incumbent", "28,20,16", "--stage-ms", "1,2", "--cut", "42,12,10"], "--stage-ms has 2 values"),
+    (["pool", "--rig", "reference", "--model", "reference-hybrid-64", "--max-num-seqs", "0"], "--max-num-seqs"),
 ])
 def test_bad_input_is_one_line_on_stderr_with_status_2(capsys, argv, message):
     assert main(argv) == 2
@@ -120,7 +122,8 @@ def test_fit_on_a_rig_prices_the_pool_itself(capsys):
 
 
 def test_shape_steps_down_then_tries_a_bonus_step(capsys):
-    data = run_json(capsys, "shape", "--model", "reference-hybrid-64", "--rig", "reference", "--seqs", "4")
+    data = run_json(capsys, "shape", "--model", "reference-hybrid-64", "--rig", "reference", "--seqs", "4",
+                    "--cut", "28,20,16")
     tried = [t["max_model_len"] for t in data["tried"]]
     assert tried[0] == 262144  # the model's limit, then 16k steps down
     assert tried[-2:] == [16384, 16384 + 8192]  # the first fit, then one half-step bonus that does not
@@ -241,3 +244,103 @@ def test_calibrate_validate_predicts_each_layout_from_the_others(capsys):
     assert "not yet validated: 2 more measured layout(s) needed" in capsys.readouterr().out
     assert main([*argv, "--validate", "--noise-floor", "1.5"]) == 2
     assert "--noise-floor" in capsys.readouterr().err
+
+
+# Issue 34, item 7: every refusal the CLI prints names its flags, never a planner function or parameter.
+@pytest.mark.parametrize("argv, message", [
+    (["shape", "--model", "reference-hybrid-64", "--start", "999999999"],
+     "--start 999999999 exceeds reference-hybrid-64's max_position_embeddings 262144: give --start 262144 or less"),
+    (["shape", "--model", "gemma-3-27b", "--seqs", "0"], "argument --seqs: must be a whole number >= 1 (got 0)"),
+    (["shape", "--model", "gemma-3-27b", "--step", "0"], "argument --step: must be a whole number >= 1 (got 0)"),
+    (["shape", "--model", "gemma-3-27b", "--safety-band", "-3"],
+     "argument --safety-band: a size cannot be negative (got '-3')"),
+    (["shape", "--model", "gemma-3-27b", "--cut", "1,1,1"],
+     "--cut 1,1,1: give 3 layer counts (one per rank of rig 'reference') summing to gemma-3-27b's 62 layers, e.g. "
+     "--cut 27,19,16"),
+    (["fit", "--max-model-len", "10", "--kv-bytes-per-token", "0", "--pool-bytes", "1GiB"],
+     "argument --kv-bytes-per-token: must be a whole number >= 1 (got 0)"),
+    (["pool", "--model", "gemma-3-27b", "--tp-vector", "1:1"],
+     "--tp-vector '1:1': needs 3 positive shares, one per rank"),
+    (["pool", "--model", "gemma-3-27b", "--max-model-len", "0"],
+     "argument --max-model-len: must be a whole number >= 1 (got 0)"),
+    (["frontier", "--model", "gemma-3-27b", "--min-pool-ratio=-5e-288"],
+     "argument --min-pool-ratio: expected a number >= 0, e.g. 0.9 (got -5e-288)"),
+    (["frontier", "--model", "gemma-3-27b", "--min-pool-ratio", "nan"],
+     "argument --min-pool-ratio: expected a number >= 0, e.g. 0.9 (got nan)"),
+    (["frontier", "--model", "gemma-3-27b", "--refused-limit", "-1"],
+     "argument --refused-limit: must be a whole number >= 0 (got -1)"),
+    (["frontier", "--model", "gemma-3-27b", "--incumbent", "1,1,1"],
+     "--incumbent 1,1,1: give 3 layer counts (one per rank of rig 'reference') summing to gemma-3-27b's 62 layers, "
+     "e.g. --incumbent 27,19,16"),
+    (["frontier", "--model", "qwen3-next-80b-a3b"],
+     "rig 'h200x8' has no stage times measured at its incumbent cut, so the frontier cannot time a cut: give --rig a "
+     "rig file with ranks[].stage_ms and incumbent_cut (`python -m solvers rig reference --json` shows the form)"),
+    (["timing", "--incumbent", "28,20,16", "--stage-ms", "1,2,3", "--fixed-ms", "1,2"],
+     "the following arguments are required: --cut"),
+    (["timing", "--incumbent", "28,20,16", "--stage-ms", "1,2,3", "--fixed-ms", "1,2", "--cut", "28,20,16"],
+     "--fixed-ms has 2 values; --incumbent 28,20,16 has 3 ranks: give one per rank"),
+    (["timing", "--incumbent", "28,20,16", "--stage-ms", "1,2,3", "--fixed-ms", "5,5,5", "--cut", "28,20,16"],
+     "--fixed-ms 5,5,5: each must be >= 0 and below its rank's --stage-ms 1,2,3"),
+    (["timing", "--incumbent", "28,20,16", "--stage-ms", "1,2,3", "--cut", "28,20"],
+     "--cut 28,20: give 3 layer counts summing to 64, like --incumbent 28,20,16"),
+    (["timing", "--incumbent", "28,20,16", "--stage-ms", "1,2,3", "--cut", "28,20,16", "--noise-floor", "3"],
+     "argument --noise-floor: expected a number >= 0 and < 1, e.g. 0.141 (got 3)"),
+    (["calibrate", "--sample", "28,20,16:1,2"],
+     "argument --sample: '28,20,16:1,2': cut 28,20,16 has 3 ranks but 2 stage times; give one per rank, CUT:STAGE_MS "
+     "such as 28,20,16:49.2,154.8,116.4"),
+    (["calibrate", "--sample", "28,20,16:1,2,3", "--sd-ms", "-1"],
+     "argument --sd-ms: expected a number >= 0, e.g. 3 (got -1)"),
+    (["calibrate", "--sample", "28,20,16:1,2,3", "--sample", "30,20:1,2"],
+     "--sample: every sample's cut must have the same ranks and layer total (one rig, one model); got 28,20,16, 30,20"),
+    (["ladder", "--model", "reference-hybrid-64", "--rig", "reference", "--rung", "28,20,16", "--rung", "28,20,16"],
+     "--rung 28,20,16 is given more than once; give each rung once"),
+    (["ladder", "--model", "reference-hybrid-64", "--rig", "reference", "--rung", "28,20,16", "--rung", "34,15,15",
+      "--fill-trace", "[1]", "--ascend-above", "1", "--descend-below", "5"],
+     "--descend-below[0] = 5 must be below --ascend-above[0] = 1: without a band between them, fill jittering at the "
+     "threshold flaps between rungs"),
+    (["ladder", "--model", "reference-hybrid-64", "--rig", "reference", "--rung", "28,20,16", "--steps-per-s", "0"],
+     "argument --steps-per-s: expected a number > 0, e.g. 10 (got 0)"),
+])
+def test_every_refusal_names_the_cli_flags(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    # No planner function or parameter (largest_max_model_len, min_pool_ratio=, timing=) in what the user reads.
+    assert not re.search(r"(?<![\w-])(largest_max_model_len|min_pool_ratio|refused_limit|sd_ms|fixed_ms|seqs|start|"
+                         r"step|ascend_above_tokens|descend_below_tokens|timing=)\b", err), err
+
+
+@pytest.mark.parametrize("model", ["gemma-3-27b", "qwen3-next-80b-a3b"])
+def test_shape_by_default_starts_from_a_cut_the_default_rig_takes(capsys, model):
+    data = run_json(capsys, "shape", "--model", model)
+    assert data["max_model_len"] and data["max_model_len"] > 0 and data["refusal"] is None
+    expected_rig = {"gemma-3-27b": "reference", "qwen3-next-80b-a3b": "h200x8"}[model]
+    assert data["rig"] == expected_rig and data["notes"][0].startswith(f"--rig not given: using {expected_rig}")
+
+
+def test_frontier_by_default_starts_from_the_feasible_cut_with_the_largest_pool(capsys):
+    data = run_json(capsys, "frontier", "--model", "gemma-3-27b")
+    incumbent = data["incumbent"]
+    assert incumbent["cut"] != [27, 19, 16] and incumbent["reasons"] == [] and incumbent["pool_ratio"] == 1.0
+    assert incumbent["pool_tokens"] == max(point["pool_tokens"] for point in data["points"])
+    assert any("the rig's incumbent [27, 19, 16] is refused" in note and "--incumbent chooses another" in note
+               for note in data["notes"])
+    # Before the fix the proportional split, refused, was the incumbent: no ratio, and --min-pool-ratio refused.
+    kept = run_json(capsys, "frontier", "--model", "gemma-3-27b", "--min-pool-ratio", "0.99")
+    assert kept["points"] and all(point["pool_ratio"] >= 0.99 for point in kept["points"])
+
+
+def test_shape_by_default_asks_the_cut_with_the_largest_pool(capsys):
+    """Not the proportional split [27, 19, 16], which holds less: the rig's answer, not the incumbent's."""
+    data = run_json(capsys, "shape", "--model", "gemma-3-27b")
+    assert data["cut"] == [29, 18, 15] and data["max_model_len"] == 32768
+    assert "starting from [29, 18, 15], the cut with the largest pool for 1 seq(s) (90752 tokens); --cut chooses " \
+           "another" in data["notes"]
+    split = run_json(capsys, "shape", "--model", "gemma-3-27b", "--cut", "27,19,16")
+    assert split["max_model_len"] < data["max_model_len"]
+
+
+@pytest.mark.parametrize("command", sorted(build_parser()._subparsers._group_actions[0].choices))
+def test_every_command_has_json(command):
+    sub = build_parser()._subparsers._group_actions[0].choices[command]
+    assert "--json" in sub._option_string_actions, command

@@ -103,6 +103,12 @@ class Stack:
     def printed(self) -> str:
         return "".join(self.output)
 
+    def log_tails(self, lines: int = 20) -> str:
+        """The end of every log the stack's processes wrote (var/log/<name>.log, launch/logs.py)."""
+        folder = Path(self.env.get("SEAM_VAR_DIR", ROOT / "var")) / "log"
+        return "".join(f"\n--- {path.name}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+                       for path in sorted(folder.glob("*.log")))
+
     def token(self, username: str) -> str:
         reply = httpx.post(f"{self.url}/api/v1/auth/token/", data={"username": username, "password": PASSWORD})
         reply.raise_for_status()
@@ -139,7 +145,8 @@ def launch(command: list[str], env: dict[str, str], port: int, engine_port: int,
         if launcher.poll() is not None or time.monotonic() > deadline:
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
-            raise RuntimeError(f"the stack did not start (status {launcher.poll()}):\n{stack.printed()[-4000:]}")
+            raise RuntimeError(f"the stack did not start (status {launcher.poll()}):\n{stack.printed()[-4000:]}"
+                               f"{stack.log_tails()}")
     # The ready line and the logins after it come in one print; give the reader thread a moment for the rest.
     time.sleep(0.2)
     return stack

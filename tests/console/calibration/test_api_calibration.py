@@ -25,7 +25,7 @@ def test_a_login_and_a_console_role_are_needed(get, make_user, dead_engine, url)
 @pytest.mark.parametrize("target", ["lots", "0", "0.00001", "-0.1", "1", "1.5", "nan", "inf", "-inf"])
 def test_a_bad_target_is_400_naming_it(get, viewer, dead_engine, target):
     body = get("/api/v1/calibration/", {"target": target}, user=viewer, expect=400)
-    assert body["field"] == "target" and "between 0.0001 and 1" in body["detail"]
+    assert body["field"] == "target" and "from 0.0001 up to (not including) 1" in body["detail"]
 
 
 def test_with_nothing_measured_it_explains_rather_than_fails(get, viewer, dead_engine):
