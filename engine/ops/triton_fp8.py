@@ -59,6 +59,14 @@ def precision(dtype: torch.dtype) -> str | None:
 
 
 @triton.jit
+def fp8_weight_tile(w_ptr, s_ptr, n, k, mask, stride_wn, stride_wk, stride_sn, stride_sk, SCALE_N: tl.constexpr,
+                    SCALE_K: tl.constexpr):
+    """The float32 weights at broadcastable index tiles n, k: each fp8 value times its block's scale."""
+    w = tl.load(w_ptr + n.to(tl.int64) * stride_wn + k * stride_wk, mask=mask, other=0.0).to(tl.float32)
+    return w * tl.load(s_ptr + (n // SCALE_N) * stride_sn + (k // SCALE_K) * stride_sk, mask=mask, other=0.0)
+
+
+@triton.jit
 def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, stride_xm, stride_xk, stride_wn, stride_wk, stride_sn,
                   stride_sk, stride_ym, stride_yn, K: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
@@ -66,8 +74,6 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, stride_xm, stride_xk, stride
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = m < M, n < N
-    w_rows = w_ptr + n[:, None].to(tl.int64) * stride_wn
-    s_rows = s_ptr + (n // SCALE_N)[:, None] * stride_sn
     if BLOCK_M == 1:
         products = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     else:
@@ -75,9 +81,8 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, stride_xm, stride_xk, stride
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_rows + k[None, :] * stride_wk, mask=w_mask, other=0.0).to(tl.float32)
-        w = w * tl.load(s_rows + (k // SCALE_K)[None, :] * stride_sk, mask=w_mask, other=0.0)
+        w = fp8_weight_tile(w_ptr, s_ptr, n[:, None], k[None, :], n_ok[:, None] & k_ok[None, :], stride_wn,
+                            stride_wk, stride_sn, stride_sk, SCALE_N, SCALE_K)
         if BLOCK_M == 1:
             x = tl.load(x_ptr + pid_m * stride_xm + k * stride_xk, mask=k_ok, other=0.0)
             products += x.to(tl.float32)[None, :] * w

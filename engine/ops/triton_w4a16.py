@@ -23,6 +23,21 @@ SYMMETRIC_ZERO = tl.constexpr(8)  # the zero point of a checkpoint that stores n
 
 
 @triton.jit
+def w4_weight_tile(q_ptr, s_ptr, z_ptr, n, k, mask, stride_qn, stride_qk, stride_sn, stride_sg, stride_zg, stride_zn,
+                   GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr):
+    """The float32 weights at broadcastable index tiles n, k: (q - z) * scale, each from its packed word."""
+    words = tl.load(q_ptr + n.to(tl.int64) * stride_qn + (k // 8) * stride_qk, mask=mask, other=0)
+    q = (words >> ((k % 8) * 4)) & 0xF  # the arithmetic shift's sign bits fall outside the mask
+    group = k // GROUP
+    if HAS_ZEROS:
+        zero = (tl.load(z_ptr + group * stride_zg + (n // 8) * stride_zn, mask=mask, other=0) >> ((n % 8) * 4)) & 0xF
+    else:
+        zero = SYMMETRIC_ZERO
+    scale = tl.load(s_ptr + n.to(tl.int64) * stride_sn + group * stride_sg, mask=mask, other=0.0)
+    return (q - zero).to(tl.float32) * scale.to(tl.float32)
+
+
+@triton.jit
 def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, stride_xm, stride_xk, stride_qn, stride_qk, stride_sn,
                   stride_sg, stride_zg, stride_zn, stride_ym, stride_yn, K: tl.constexpr, GROUP: tl.constexpr,
                   HAS_ZEROS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -31,10 +46,6 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, stride_xm, stride_xk,
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = m < M, n < N
-    q_rows = q_ptr + n[:, None].to(tl.int64) * stride_qn
-    s_rows = s_ptr + n[:, None].to(tl.int64) * stride_sn
-    z_cols = z_ptr + (n // 8)[:, None] * stride_zn
-    z_shift = ((n % 8) * 4)[:, None]
     if BLOCK_M == 1:
         products = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     else:
@@ -42,16 +53,8 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, stride_xm, stride_xk,
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        w_mask = n_ok[:, None] & k_ok[None, :]
-        group = (k // GROUP)[None, :]
-        words = tl.load(q_rows + (k // 8)[None, :] * stride_qk, mask=w_mask, other=0)
-        q = (words >> ((k % 8) * 4)[None, :]) & 0xF  # the arithmetic shift's sign bits fall outside the mask
-        if HAS_ZEROS:
-            zero = (tl.load(z_cols + group * stride_zg, mask=w_mask, other=0) >> z_shift) & 0xF
-        else:
-            zero = SYMMETRIC_ZERO
-        scale = tl.load(s_rows + group * stride_sg, mask=w_mask, other=0.0).to(tl.float32)
-        w = (q - zero).to(tl.float32) * scale
+        w = w4_weight_tile(q_ptr, s_ptr, z_ptr, n[:, None], k[None, :], n_ok[:, None] & k_ok[None, :], stride_qn,
+                           stride_qk, stride_sn, stride_sg, stride_zg, stride_zn, GROUP, HAS_ZEROS)
         if BLOCK_M == 1:
             x = tl.load(x_ptr + pid_m * stride_xm + k * stride_xk, mask=k_ok, other=0.0)
             products += x.to(tl.float32)[None, :] * w
