@@ -99,3 +99,39 @@ def test_the_kernels_capture_in_a_cuda_graph():
                    triton_w4a16_linear(x4, qweight, scales, zeros, 128))
     graph.replay()
     assert all(torch.equal(a, b) for a, b in zip(outputs, expected, strict=True))
+
+
+@cuda
+@pytest.mark.parametrize("fmt", ["fp8", "w4_asymmetric"])
+@pytest.mark.parametrize("tokens", [1, 8, 64])
+def test_quantized_experts_in_bf16_on_the_gpu(fmt, tokens):
+    """The bench model's expert sizes (hidden 2048, I 512), 32 experts top-8, against the float64 loop."""
+    from engine.ops.triton_moe_quant import Fp8Experts, W4Experts, quant_fused_experts
+    from tests.engine.test_kernel_moe_quant import dense
+
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, hidden, inter, top_k = 32, 2048, 512, 8
+    parts = []
+    for n_features, k_features in ((2 * inter, hidden), (hidden, inter)):
+        if fmt == "fp8":
+            weight = (torch.randn(experts, n_features, k_features, device="cuda", generator=g) * 64).to(
+                torch.float8_e4m3fn)
+            scale_inv = torch.rand(experts, n_features // 128, k_features // 128, device="cuda", generator=g) * 1e-3
+            parts.append(Fp8Experts(weight, scale_inv, (128, 128)))
+        else:
+            words = dict(dtype=torch.int32, device="cuda", generator=g)
+            qweight = torch.randint(-2**31, 2**31 - 1, (experts, n_features, k_features // 8), **words)
+            scales = (torch.rand(experts, n_features, k_features // 128, device="cuda", generator=g) * 0.01).bfloat16()
+            zeros = torch.randint(-2**31, 2**31 - 1, (experts, k_features // 128, n_features // 8), **words)
+            parts.append(W4Experts(qweight, scales, zeros, 128))
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k, dim=-1).indices
+    weights = torch.rand(tokens, top_k, device="cuda", generator=g)
+    ours = quant_fused_experts(x, ids, weights.bfloat16(), *parts)
+    gate_up, down = (dense(part) for part in parts)
+    expected = torch.zeros(tokens, top_k, hidden, dtype=torch.float64, device="cuda")
+    for e in ids.unique().tolist():
+        t, slot = (ids == e).nonzero(as_tuple=True)
+        gate, up = (x[t].double() @ gate_up[e].T).split(inter, dim=-1)
+        expected[t, slot] = weights[t, slot].double()[:, None] * ((gate * torch.sigmoid(gate) * up) @ down[e].T)
+    assert relative(ours, expected) < BF16

@@ -22,14 +22,19 @@ def nibbles(words: torch.Tensor, count: int) -> torch.Tensor:
     return (words.long()[..., i // 8] >> (4 * (i % 8))) & 0xF
 
 
-def reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-              group_size: int) -> torch.Tensor:
+def dequantized(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                group_size: int) -> torch.Tensor:
+    """The layout's formula, in float64: (q - z) * scale for every (n, k)."""
     n_features, k_features = qweight.shape[0], qweight.shape[1] * 8
     q = nibbles(qweight, k_features)
-    groups = torch.arange(k_features, device=x.device) // group_size
+    groups = torch.arange(k_features, device=qweight.device) // group_size
     z = 8 if zeros is None else nibbles(zeros, n_features).T[:, groups]  # [N, K]
-    w = (q - z).double() * scales.double()[:, groups]
-    return x.double() @ w.T
+    return (q - z).double() * scales.double()[:, groups]
+
+
+def reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+              group_size: int) -> torch.Tensor:
+    return x.double() @ dequantized(qweight, scales, zeros, group_size).T
 
 
 def w4_case(rows: int, n_features: int, k_features: int, group_size: int, asymmetric: bool, seed: int,
