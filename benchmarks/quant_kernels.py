@@ -13,8 +13,9 @@ device_time, 50 launches a graph), every launch reading the next of enough weigh
 (kernel_speed's cold_copies: a step reads each layer's weights once, from HBM). Bytes are those really moved: x,
 the weight, its scales and zeros read, y written (W8A8 adds its quantized x written and read back); `copy_fraction` is
 those bytes per second over a device-to-device copy's (read + written) on the same card. The quantized weights are
-random bytes with random scales: the timing does not depend on their values. A sweep of the decode tiles
-(M = 1 and 16) follows, to pick engine/ops/triton_fp8.py's dequant_tile. Results go to quant_kernels.json.
+random bytes with random scales: the timing does not depend on their values. Then the bench model's experts through
+the fused MoE (bf16, FP8, W4; one copy of the weights, not rotated: L2 may hold part of them). A sweep of the
+decode tiles (M = 1 and 16) follows, to pick engine/ops/triton_fp8.py's dequant_tile. Results go to quant_kernels.json.
 
     python benchmarks/quant_kernels.py --out $OUT              # CUDA only; about three minutes on an H100
 """
@@ -155,6 +156,45 @@ def tile_rows() -> list[dict]:
     return results
 
 
+def expert_rows(copy_bytes_per_s: float) -> list[dict]:
+    """The bench model's experts (32, hidden 2048, I 512, top-8) through the fused MoE, bf16 (triton_moe) against FP8
+    and W4 (triton_moe_quant), at batch 1, 8 and 64 (align included); bytes: the hit experts' weights."""
+    from benchmarks.kernel_speed import EXPERTS, HIDDEN, MOE_INTER, TOP_K
+    from engine.ops.triton_moe import fused_experts
+    from engine.ops.triton_moe_quant import Fp8Experts, W4Experts, quant_fused_experts
+
+    def stacked(make: Callable[[int, int], Weights], n_features: int, k_features: int) -> Weights:
+        parts = [make(n_features, k_features) for _ in range(EXPERTS)]
+        return tuple(torch.stack(tensors) for tensors in zip(*parts, strict=True))
+
+    formats = {
+        "bf16": lambda gu, d: (lambda x, i, w: fused_experts(x, i, w, gu[0], d[0])),
+        "fp8_w8a16": lambda gu, d: (lambda x, i, w: quant_fused_experts(
+            x, i, w, Fp8Experts(*gu, BLOCK), Fp8Experts(*d, BLOCK))),
+        "w4a16": lambda gu, d: (lambda x, i, w: quant_fused_experts(
+            x, i, w, W4Experts(*gu, GROUP), W4Experts(*d, GROUP))),
+    }
+    makers = {"bf16": bf16_weights, "fp8_w8a16": fp8_weights, "w4a16": w4_weights}
+    results = []
+    for fmt, bind in formats.items():
+        gate_up = stacked(makers[fmt], 2 * MOE_INTER, HIDDEN)
+        down = stacked(makers[fmt], HIDDEN, MOE_INTER)
+        run = bind(gate_up, down)
+        per_expert = (nbytes(gate_up) + nbytes(down)) / EXPERTS
+        for batch in (1, 8, 64):
+            x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
+            ids = torch.stack([torch.randperm(EXPERTS, device="cuda")[:TOP_K] for _ in range(batch)])
+            weights = torch.rand(batch, TOP_K, device="cuda", dtype=torch.bfloat16)
+            moved = len(torch.unique(ids)) * per_expert
+            seconds = device_time(lambda x=x, ids=ids, weights=weights, run=run: run(x, ids, weights))
+            row = {"format": fmt, "batch": batch, "us": seconds * 1e6, "bytes": moved,
+                   "copy_fraction": moved / seconds / copy_bytes_per_s}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        del gate_up, down
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -171,6 +211,7 @@ def main() -> None:
                     "torch": torch.__version__, "copy_bytes_per_s": copy_bytes_per_s, "block": list(BLOCK),
                     "group_size": GROUP}
     sections = [("speed", lambda: speed_rows(copy_bytes_per_s, tuple(int(r) for r in args.rows.split(","))))]
+    sections.append(("experts", lambda: expert_rows(copy_bytes_per_s)))
     if not args.no_sweep:
         sections.append(("decode_tiles", tile_rows))
     for name, measure in sections:
