@@ -122,10 +122,8 @@ def speed_rows(copy_bytes_per_s: float, rows_list: tuple[int, ...]) -> list[dict
     return results
 
 
-SWEEP_TILES = {1: [QuantTile(1, n, k, w, s) for n, k, w, s in itertools.product((4, 8, 16, 32), (128, 256, 512),
-                                                                                  (4, 8), (2, 3))],
-               16: [QuantTile(16, n, k, w, s) for n, k, w, s in itertools.product((16, 32, 64), (64, 128, 256),
-                                                                                   (4,), (3, 4))]}
+SWEEP_TILES = {1: [QuantTile(1, n, k, w, 3) for n, k, w in itertools.product((4, 8, 16, 32), (128, 256, 512), (4, 8))],
+               16: [QuantTile(16, n, k, 4, s) for n, k, s in itertools.product((16, 32, 64), (64, 128), (3, 4))]}
 
 
 def tile_rows() -> list[dict]:
@@ -199,7 +197,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated M values")
-    parser.add_argument("--no-sweep", action="store_true", help="skip the decode tile sweep")
+    parser.add_argument("--sections", default="speed,experts,decode_tiles",
+                        help="comma-separated, of speed, experts, decode_tiles")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (the kernels are timed on the device)")
@@ -210,17 +209,19 @@ def main() -> None:
                     "card": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
                     "torch": torch.__version__, "copy_bytes_per_s": copy_bytes_per_s, "block": list(BLOCK),
                     "group_size": GROUP}
-    sections = [("speed", lambda: speed_rows(copy_bytes_per_s, tuple(int(r) for r in args.rows.split(","))))]
-    sections.append(("experts", lambda: expert_rows(copy_bytes_per_s)))
-    if not args.no_sweep:
-        sections.append(("decode_tiles", tile_rows))
+    known = {"speed": lambda: speed_rows(copy_bytes_per_s, tuple(int(r) for r in args.rows.split(","))),
+             "experts": lambda: expert_rows(copy_bytes_per_s), "decode_tiles": tile_rows}
+    unknown = set(args.sections.split(",")) - set(known)
+    if unknown:
+        parser.error(f"--sections: no section named {', '.join(sorted(unknown))} (choose from {', '.join(known)})")
+    sections = [(name, known[name]) for name in args.sections.split(",")]
     for name, measure in sections:
         try:
             result[name] = measure()
         except Exception as error:  # one section's failure must not hide the other's figures
             result[name] = {"error": f"{type(error).__name__}: {error}"}
         (args.out / "quant_kernels.json").write_text(json.dumps(result, indent=1))
-    speed = result["speed"] if isinstance(result["speed"], list) else []
+    speed = result.get("speed") if isinstance(result.get("speed"), list) else []
     print(f"{'projection':12} {'variant':12} {'M':>4} {'us':>8} {'copy%':>6}")
     for row in speed:
         print(f"{row['projection']:12} {row['variant']:12} {row['rows']:>4} {row['us']:8.1f} "
