@@ -1,0 +1,224 @@
+"""Fused MoE experts over quantized weights: engine/ops/triton_moe.py's two grouped GEMMs, each weight tile
+dequantized in the kernel (block-scaled FP8 as engine/ops/triton_fp8.py, W4A16 as engine/ops/triton_w4a16.py).
+
+Same interface and flow as triton_moe: `align` sorts the (token, slot) pairs by expert into padded M-blocks, kernel 1
+writes h = silu(x @ gate^T) * (x @ up^T) per M-block, kernel 2 y[pair] = weight[pair] * (h @ down^T). The weights
+are the dense formats with a leading expert dim, gate_up being one [E, 2I, hidden] matrix (gate rows first) scaled or
+packed as a whole:
+  Fp8Experts  weight float8_e4m3fn [E, N, K], scale_inv float32 [E, ceil(N/bn), ceil(K/bk)], block (bn, bk)
+  W4Experts   qweight int32 [E, N, K/8], scales [E, N, K/G] in x's dtype, zeros None or int32 [E, K/G, ceil(N/8)]
+(for gate_up the up rows sit at N offset I, so with fp8 blocks or packed zeros I must be a multiple of bn, resp. 8,
+for the halves to be quantized apart: the loader merges them). Every tile is dequantized in float32 and multiplied in
+x's dtype with float32 accumulation (W8A16 / W4A16); there is no W8A8 expert path yet.
+Runs under TRITON_INTERPRET=1 on CPU tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.ops.triton_fp8 import fp8_weight_tile, precision
+from engine.ops.triton_moe import CONFIGS, TileConfig, align, num_blocks_for, pick_block_m
+from engine.ops.triton_w4a16 import w4_weight_tile
+
+
+@dataclass(frozen=True)
+class Fp8Experts:
+    weight: torch.Tensor  # float8_e4m3fn [E, N, K]
+    scale_inv: torch.Tensor  # float32 [E, ceil(N / bn), ceil(K / bk)]
+    block: tuple[int, int]  # (bn, bk)
+
+
+@dataclass(frozen=True)
+class W4Experts:
+    qweight: torch.Tensor  # int32 [E, N, K / 8]
+    scales: torch.Tensor  # [E, N, K / G] in x's dtype
+    zeros: torch.Tensor | None  # int32 [E, K / G, ceil(N / 8)], or None: symmetric (8)
+    group_size: int
+
+
+QuantExperts = Fp8Experts | W4Experts
+
+
+def _shape(experts: QuantExperts) -> tuple[int, int, int]:
+    """(E, N, K) of the dequantized weights, checking the parts agree."""
+    if isinstance(experts, Fp8Experts):
+        num_experts, n_features, k_features = experts.weight.shape
+        bn, bk = experts.block
+        expected = (num_experts, triton.cdiv(n_features, bn), triton.cdiv(k_features, bk))
+        if experts.weight.dtype != torch.float8_e4m3fn or experts.scale_inv.dtype != torch.float32 \
+                or tuple(experts.scale_inv.shape) != expected:
+            raise ValueError(f"FP8 experts {experts.weight.dtype} {tuple(experts.weight.shape)} with scale_inv "
+                             f"{experts.scale_inv.dtype} {tuple(experts.scale_inv.shape)}: need float8_e4m3fn "
+                             f"[E, N, K] and float32 {expected} for block {tuple(experts.block)}")
+        return num_experts, n_features, k_features
+    num_experts, n_features, words = experts.qweight.shape
+    k_features, group = words * 8, experts.group_size
+    if group < 8 or group % 8 or k_features % group:
+        raise ValueError(f"group_size {group} with K = {k_features}: the group size must be a multiple of 8 that "
+                         "divides K")
+    zeros_ok = experts.zeros is None or (experts.zeros.dtype == torch.int32 and tuple(experts.zeros.shape) == (
+        num_experts, k_features // group, triton.cdiv(n_features, 8)))
+    if experts.qweight.dtype != torch.int32 or tuple(experts.scales.shape) != (
+            num_experts, n_features, k_features // group) or not zeros_ok:
+        raise ValueError(f"W4 experts qweight {experts.qweight.dtype} {tuple(experts.qweight.shape)}, scales "
+                         f"{tuple(experts.scales.shape)}, zeros "
+                         f"{None if experts.zeros is None else tuple(experts.zeros.shape)}: need int32 [E, N, K/8], "
+                         "[E, N, K/G] and None or int32 [E, K/G, ceil(N/8)]")
+    return num_experts, n_features, k_features
+
+
+def _weight_args(experts: QuantExperts) -> tuple[list, dict]:
+    """The kernels' weight pointers and strides, and the format's constexprs."""
+    if isinstance(experts, Fp8Experts):
+        w, s = experts.weight, experts.scale_inv
+        return ([w, s, w, *w.stride(), *s.stride(), 0, 0, 0],
+                dict(FP8=True, SCALE_N=experts.block[0], SCALE_K=experts.block[1], HAS_ZEROS=False))
+    w, s, z = experts.qweight, experts.scales, experts.zeros
+    return ([w, s, w if z is None else z, *w.stride(), *s.stride(), *((0, 0, 0) if z is None else z.stride())],
+            dict(FP8=False, SCALE_N=1, SCALE_K=experts.group_size, HAS_ZEROS=z is not None))
+
+
+@triton.jit
+def _expert_tile(w_ptr, s_ptr, z_ptr, n, k, mask, stride_wn, stride_wk, stride_sn, stride_sk, stride_zg, stride_zn,
+                 FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, HAS_ZEROS: tl.constexpr):
+    if FP8:
+        w = fp8_weight_tile(w_ptr, s_ptr, n, k, mask, stride_wn, stride_wk, stride_sn, stride_sk, SCALE_N, SCALE_K)
+    else:
+        w = w4_weight_tile(w_ptr, s_ptr, z_ptr, n, k, mask, stride_wn, stride_wk, stride_sn, stride_sk, stride_zg,
+                           stride_zn, SCALE_K, HAS_ZEROS)
+    return w
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, s_ptr, z_ptr, h_ptr, pair_ids_ptr, block_expert_ptr, num_pairs, stride_xt,
+                    stride_xh, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ze, stride_zg,
+                    stride_zn, stride_hm, HIDDEN: tl.constexpr, INTER: tl.constexpr, SLOTS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+                    SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, HAS_ZEROS: tl.constexpr, PRECISION: tl.constexpr):
+    block, pid_n = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(block_expert_ptr + block)
+    if expert < 0:  # past the last used block
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pair_ids_ptr + rows)
+    real = pairs < num_pairs
+    tokens = (pairs // SLOTS).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < INTER
+    e = expert.to(tl.int64)
+    w, s, z = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < HIDDEN
+        a = tl.load(x_ptr + tokens[:, None] * stride_xt + k[None, :] * stride_xh, mask=real[:, None] & k_ok[None, :],
+                    other=0.0)
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        # [BLOCK_K, BLOCK_N] tiles of the expert's gate rows and up rows (the up rows follow the INTER gate rows).
+        w_gate = _expert_tile(w, s, z, n[None, :], k[:, None], w_mask, stride_wn, stride_wk, stride_sn, stride_sk,
+                              stride_zg, stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS)
+        w_up = _expert_tile(w, s, z, n[None, :] + INTER, k[:, None], w_mask, stride_wn, stride_wk, stride_sn,
+                            stride_sk, stride_zg, stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS)
+        gate = tl.dot(a, w_gate.to(a.dtype), gate, input_precision=PRECISION)
+        up = tl.dot(a, w_up.to(a.dtype), up, input_precision=PRECISION)
+    h = gate * tl.sigmoid(gate) * up  # silu(gate) * up; padding rows get 0 (their x was masked to 0)
+    tl.store(h_ptr + rows[:, None].to(tl.int64) * stride_hm + n[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=n_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, s_ptr, z_ptr, y_ptr, pair_ids_ptr, block_expert_ptr, weights_ptr, num_pairs, stride_hm,
+                 stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ze, stride_zg, stride_zn,
+                 stride_ym, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr,
+                 HAS_ZEROS: tl.constexpr, PRECISION: tl.constexpr):
+    block, pid_n = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(block_expert_ptr + block)
+    if expert < 0:
+        return
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pair_ids_ptr + rows)
+    real = pairs < num_pairs
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < HIDDEN
+    e = expert.to(tl.int64)
+    w, s, z = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < INTER
+        a = tl.load(h_ptr + rows[:, None].to(tl.int64) * stride_hm + k[None, :], mask=k_ok[None, :], other=0.0)
+        b = _expert_tile(w, s, z, n[None, :], k[:, None], k_ok[:, None] & n_ok[None, :], stride_wn, stride_wk,
+                         stride_sn, stride_sk, stride_zg, stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS)
+        acc = tl.dot(a, b.to(a.dtype), acc, input_precision=PRECISION)
+    weight = tl.load(weights_ptr + pairs, mask=real, other=0.0).to(tl.float32)
+    acc = acc * weight[:, None]
+    tl.store(y_ptr + pairs[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=real[:, None] & n_ok[None, :])
+
+
+def quant_gate_up_silu(x: torch.Tensor, gate_up: QuantExperts, sorted_pair_ids: torch.Tensor,
+                       block_expert: torch.Tensor, slots: int, config: TileConfig,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [tokens, hidden], gate_up dequantizing to [E, 2I, hidden] -> h [sorted rows, I] (rows of unused blocks
+    unwritten)."""
+    _, two_inter, hidden = _shape(gate_up)
+    inter = two_inter // 2
+    if out is None:
+        out = x.new_empty((sorted_pair_ids.numel(), inter))
+    weight_args, formats = _weight_args(gate_up)
+    grid = (block_expert.numel(), triton.cdiv(inter, config.gate_n))
+    _gate_up_kernel[grid](
+        x, *weight_args[:3], out, sorted_pair_ids, block_expert, x.shape[0] * slots, x.stride(0), x.stride(1),
+        *weight_args[3:], out.stride(0), HIDDEN=hidden, INTER=inter, SLOTS=slots, BLOCK_M=config.block_m,
+        BLOCK_N=config.gate_n, BLOCK_K=config.gate_k, PRECISION=precision(x.dtype), num_warps=config.num_warps,
+        num_stages=config.gate_stages, **formats,
+    )
+    return out
+
+
+def quant_down_weighted(h: torch.Tensor, down: QuantExperts, sorted_pair_ids: torch.Tensor,
+                        block_expert: torch.Tensor, pair_weights: torch.Tensor, config: TileConfig,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+    """h [sorted rows, I], down dequantizing to [E, hidden, I], pair_weights [pairs] -> y [pairs, hidden], each
+    pair's row weighted by its routing weight."""
+    _, hidden, inter = _shape(down)
+    num_pairs = pair_weights.numel()
+    if out is None:
+        out = h.new_empty((num_pairs, hidden))
+    h = h.contiguous()  # the loads assume a unit-stride inner dim (free: kernel 1 writes it so)
+    weight_args, formats = _weight_args(down)
+    grid = (block_expert.numel(), triton.cdiv(hidden, config.down_n))
+    _down_kernel[grid](
+        h, *weight_args[:3], out, sorted_pair_ids, block_expert, pair_weights, num_pairs, h.stride(0),
+        *weight_args[3:], out.stride(0), HIDDEN=hidden, INTER=inter, BLOCK_M=config.block_m, BLOCK_N=config.down_n,
+        BLOCK_K=config.down_k, PRECISION=precision(h.dtype), num_warps=config.num_warps,
+        num_stages=config.down_stages, **formats,
+    )
+    return out
+
+
+def quant_fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up: QuantExperts,
+                        down: QuantExperts, block_m: int | None = None) -> torch.Tensor:
+    """triton_moe.fused_experts over quantized experts: x [tokens, hidden]; expert_ids, weights [tokens, slots] ->
+    the weighted parts [tokens, slots, hidden] in x's dtype (their sum over slots is the MoE's output)."""
+    tokens, slots = expert_ids.shape
+    num_experts, _, hidden = _shape(gate_up)
+    if x.shape[-1] != hidden or _shape(down)[2] * 2 != _shape(gate_up)[1]:
+        raise ValueError(f"x {tuple(x.shape)}, gate_up {_shape(gate_up)}, down {_shape(down)}: need x [tokens, "
+                         "hidden], gate_up [E, 2I, hidden], down [E, hidden, I]")
+    num_pairs = tokens * slots
+    if num_pairs == 0:
+        return x.new_zeros((tokens, slots, hidden))
+    config = CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
+    num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
+    sorted_pair_ids, block_expert, _ = align(expert_ids, num_experts, config.block_m, num_blocks)
+    h = quant_gate_up_silu(x, gate_up, sorted_pair_ids, block_expert, slots, config)
+    y = quant_down_weighted(h, down, sorted_pair_ids, block_expert, weights.reshape(-1).contiguous(), config)
+    return y.view(tokens, slots, hidden)
