@@ -9,15 +9,21 @@ weights"): the torch reference (dequantize, then one matmul) and the dispatch th
 y = x @ w^T in x's dtype. The reference dequantizes in float32 and rounds w to x's dtype before the matmul, as a
 dequantized checkpoint of that dtype would hold it.
 
-`fp8_block_linear` and `w4a16_linear` are the one place a fast path plugs in (the Triton kernels of
-engine/ops/triton_fp8.py and engine/ops/triton_w4a16.py take exactly these arguments); today they call the reference
-on every device.
+`fp8_block_linear` and `w4a16_linear` are the one place the fast path plugs in: on CUDA in half precision they run
+the Triton kernels of engine/ops/triton_fp8.py and engine/ops/triton_w4a16.py (the weight dequantized inside the
+kernel, never materialized), elsewhere the reference, so the CPU's parity tests hold the layouts' definition.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+try:
+    from engine.ops.triton_fp8 import triton_fp8_block_linear
+    from engine.ops.triton_w4a16 import triton_w4a16_linear
+except ImportError:  # no Triton (CPU-only installs)
+    triton_fp8_block_linear = triton_w4a16_linear = None
 
 NIBBLES = 8  # 4-bit values per int32 word
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
@@ -71,10 +77,19 @@ def w4a16_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
                      block: tuple[int, int]) -> torch.Tensor:
     """x [..., K] @ w^T -> [..., N] for an fp8 block-scaled weight."""
+    if triton_fp8_block_linear is not None and _kernel_serves(x):
+        return triton_fp8_block_linear(x, weight, scale_inv, block)
     return fp8_block_reference(x, weight, scale_inv, block)
 
 
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  group_size: int) -> torch.Tensor:
     """x [..., K] @ w^T -> [..., N] for a 4-bit weight."""
+    if triton_w4a16_linear is not None and _kernel_serves(x):
+        return triton_w4a16_linear(x, qweight, scales, zeros, group_size)
     return w4a16_reference(x, qweight, scales, zeros, group_size)
+
+
+def _kernel_serves(x: torch.Tensor) -> bool:
+    """The Triton kernels serve half-precision activations on CUDA; the reference everything else."""
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)

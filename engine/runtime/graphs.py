@@ -20,6 +20,7 @@ import math
 import torch
 
 from engine.layers.caches import LayerCaches
+from engine.layers.moe import QuantizedExperts
 from engine.models import RangeCausalLM
 from engine.step_plan import DecodeBatch, DecodeRows, StepContext, StepPlan
 
@@ -31,9 +32,11 @@ def graph_sizes(max_num_seqs: int) -> list[int]:
 
 
 def can_capture(model: RangeCausalLM, device: torch.device | str) -> bool:
-    """Capture needs every op free of host synchronisation; the grouped experts that make MoE so are bf16-only."""
+    """Capture needs every op free of host synchronisation; the grouped experts that make MoE so are bf16-only, and
+    quantized experts still run expert by expert (the hit experts are read on the host)."""
     weight = next(model.parameters())
-    return torch.device(device).type == "cuda" and weight.dtype == torch.bfloat16
+    return (torch.device(device).type == "cuda" and weight.dtype == torch.bfloat16
+            and not any(isinstance(module, QuantizedExperts) for module in model.modules()))
 
 
 class StagedInputs:

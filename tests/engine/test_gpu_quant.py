@@ -8,12 +8,11 @@ torch's cast; the path choice; capture in a CUDA graph.
 import pytest
 import torch
 
+from engine.loader import load_model
 from engine.ops.triton_fp8 import W8A8_MIN_ROWS, fp8_path, quantize_rows, triton_fp8_block_linear
 from engine.ops.triton_w4a16 import triton_w4a16_linear
-from tests.engine.test_kernel_fp8 import fp8_case
-from tests.engine.test_kernel_fp8 import reference as fp8_reference
-from tests.engine.test_kernel_w4a16 import reference as w4_reference
-from tests.engine.test_kernel_w4a16 import w4_case
+from tests.support.engine_checkpoints import VOCAB, TinyRunner, relative_error
+from tests.support.quant_kernels import dense_experts, fp8_case, fp8_reference, relative, w4_case, w4_reference
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 hopper = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
@@ -21,10 +20,6 @@ hopper = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_de
 BF16 = 1e-2  # METHOD: bf16 paths against the fp32 reference within 1e-3 to 1e-2
 SHAPES = [(2048, 4096), (12352, 2048), (9216, 2048), (1000, 1000)]  # the bench projections, and a ragged one
 ROWS = [1, 3, 16, 17, 64, 512]
-
-
-def relative(ours: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((ours.double() - expected).norm() / expected.norm())
 
 
 @cuda
@@ -107,7 +102,6 @@ def test_the_kernels_capture_in_a_cuda_graph():
 def test_quantized_experts_in_bf16_on_the_gpu(fmt, tokens):
     """The bench model's expert sizes (hidden 2048, I 512), 32 experts top-8, against the float64 loop."""
     from engine.ops.triton_moe_quant import Fp8Experts, W4Experts, quant_fused_experts
-    from tests.engine.test_kernel_moe_quant import dense
 
     g = torch.Generator(device="cuda").manual_seed(tokens)
     experts, hidden, inter, top_k = 32, 2048, 512, 8
@@ -128,10 +122,31 @@ def test_quantized_experts_in_bf16_on_the_gpu(fmt, tokens):
     ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(top_k, dim=-1).indices
     weights = torch.rand(tokens, top_k, device="cuda", generator=g)
     ours = quant_fused_experts(x, ids, weights.bfloat16(), *parts)
-    gate_up, down = (dense(part) for part in parts)
+    gate_up, down = (dense_experts(part) for part in parts)
     expected = torch.zeros(tokens, top_k, hidden, dtype=torch.float64, device="cuda")
     for e in ids.unique().tolist():
         t, slot = (ids == e).nonzero(as_tuple=True)
         gate, up = (x[t].double() @ gate_up[e].T).split(inter, dim=-1)
         expected[t, slot] = weights[t, slot].double()[:, None] * ((gate * torch.sigmoid(gate) * up) @ down[e].T)
     assert relative(ours, expected) < BF16
+
+
+@cuda
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_partial", "gptq_asym", "awq", "compressed"])
+def test_a_quantized_model_on_the_gpu_runs_the_kernels_within_bf16s_error(fmt, quantized_checkpoint):
+    """The whole model (its projections through engine/ops/quantized.py's dispatch, so the Triton kernels; its
+    experts expert by expert) in bf16 on the GPU, against the same checkpoint in fp32 on the CPU (the reference
+    path): no further from it than the CPU's own bf16 run, with room for the kernels' other summation order."""
+    folder, _ = quantized_checkpoint(fmt)
+    prompt = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def logits(device: str, dtype: torch.dtype) -> list[torch.Tensor]:
+        runner = TinyRunner(load_model(folder, device=device, dtype=dtype), device=device)
+        first = runner.step({"a": prompt}, all_logits=True)
+        return [first.float().cpu(), runner.step({"a": [int(first[-1].argmax())]})[0].float().cpu()]
+
+    reference, cpu_bf16, gpu_bf16 = logits("cpu", torch.float32), logits("cpu", torch.bfloat16), logits(
+        "cuda", torch.bfloat16)
+    cpu_error = max(relative_error(a, b) for a, b in zip(cpu_bf16, reference, strict=True))
+    gpu_error = max(relative_error(a, b) for a, b in zip(gpu_bf16, reference, strict=True))
+    assert gpu_error <= max(2 * cpu_error, BF16), (gpu_error, cpu_error)

@@ -14,35 +14,8 @@ import torch
 
 from engine.ops.triton_fp8 import QuantTile, fp8_path, triton_fp8_block_linear
 from tests.support.interpret import run_interpreted
-
-FP8 = torch.float8_e4m3fn
-
-
-def dequantized(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """The layout's formula, in float64: each weight times its (n // bn, k // bk) block's scale."""
-    n_features, k_features = weight.shape
-    rows = torch.arange(n_features) // block[0]
-    cols = torch.arange(k_features) // block[1]
-    return weight.double() * scale_inv.double().cpu()[rows][:, cols].to(weight.device)
-
-
-def reference(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    return x.double() @ dequantized(weight, scale_inv, block).T
-
-
-def fp8_case(rows: int, n_features: int, k_features: int, block: tuple[int, int], seed: int,
-             device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """x [rows, K], a float8 weight spread over fp8's range, positive scales with one per block."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(rows, k_features, generator=g, device=device).to(dtype)
-    weight = (torch.randn(n_features, k_features, generator=g, device=device) * 64).to(FP8)
-    scale_inv = torch.rand(-(-n_features // block[0]), -(-k_features // block[1]), generator=g, device=device) * 1e-3
-    return x, weight, scale_inv
-
-
-def relative(ours: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((ours.double() - expected).norm() / expected.norm())
-
+from tests.support.quant_kernels import FP8, fp8_case, relative
+from tests.support.quant_kernels import fp8_reference as reference
 
 W8A16_CASES = [  # rows, N, K, block, tile (None: the shipped one for the rows)
     (1, 40, 300, (16, 32), None),

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from engine.ops.triton_moe_quant import Fp8Experts, W4Experts, quant_fused_experts
-from tests.engine.test_kernel_fp8 import dequantized as fp8_dequantized
-from tests.engine.test_kernel_w4a16 import dequantized as w4_dequantized
 from tests.support.interpret import run_interpreted
+from tests.support.quant_kernels import dense_experts as dense
 
 HIDDEN, INTER, EXPERTS, TOP_K = 64, 32, 6, 2
 
@@ -32,16 +31,6 @@ def w4_experts(n_features: int, k_features: int, group_size: int, asymmetric: bo
     zeros = (torch.randint(-2**31, 2**31 - 1, (EXPERTS, k_features // group_size, -(-n_features // 8)), **words)
              if asymmetric else None)
     return W4Experts(qweight, scales, zeros, group_size)
-
-
-def dense(experts) -> torch.Tensor:
-    """[E, N, K] float64 by the dense layouts' formulas."""
-    if isinstance(experts, Fp8Experts):
-        return torch.stack([fp8_dequantized(w, s, experts.block) for w, s in zip(experts.weight, experts.scale_inv,
-                                                                                  strict=True)])
-    zeros = [None] * len(experts.qweight) if experts.zeros is None else experts.zeros
-    return torch.stack([w4_dequantized(q, s, z, experts.group_size) for q, s, z in zip(
-        experts.qweight, experts.scales, zeros, strict=True)])
 
 
 def looped(x, ids, weights, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:

@@ -14,44 +14,8 @@ import torch
 from engine.ops.triton_fp8 import QuantTile
 from engine.ops.triton_w4a16 import triton_w4a16_linear
 from tests.support.interpret import run_interpreted
-
-
-def nibbles(words: torch.Tensor, count: int) -> torch.Tensor:
-    """[..., W] int32 -> [..., count] 4-bit values, the i-th value at bits 4 (i % 8) of word i // 8."""
-    i = torch.arange(count, device=words.device)
-    return (words.long()[..., i // 8] >> (4 * (i % 8))) & 0xF
-
-
-def dequantized(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                group_size: int) -> torch.Tensor:
-    """The layout's formula, in float64: (q - z) * scale for every (n, k)."""
-    n_features, k_features = qweight.shape[0], qweight.shape[1] * 8
-    q = nibbles(qweight, k_features)
-    groups = torch.arange(k_features, device=qweight.device) // group_size
-    z = 8 if zeros is None else nibbles(zeros, n_features).T[:, groups]  # [N, K]
-    return (q - z).double() * scales.double()[:, groups]
-
-
-def reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-              group_size: int) -> torch.Tensor:
-    return x.double() @ dequantized(qweight, scales, zeros, group_size).T
-
-
-def w4_case(rows: int, n_features: int, k_features: int, group_size: int, asymmetric: bool, seed: int,
-            device: str = "cpu", dtype: torch.dtype = torch.float32):
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(rows, k_features, generator=g, device=device).to(dtype)
-    words = dict(dtype=torch.int32, generator=g, device=device)
-    qweight = torch.randint(-2**31, 2**31 - 1, (n_features, k_features // 8), **words)
-    groups = k_features // group_size
-    scales = (torch.rand(n_features, groups, generator=g, device=device) * 0.05).to(dtype)
-    zeros = torch.randint(-2**31, 2**31 - 1, (groups, -(-n_features // 8)), **words) if asymmetric else None
-    return x, qweight, scales, zeros
-
-
-def relative(ours: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((ours.double() - expected).norm() / expected.norm())
-
+from tests.support.quant_kernels import relative, w4_case
+from tests.support.quant_kernels import w4_reference as reference
 
 CASES = [  # rows, N, K, group size, asymmetric, tile (None: the shipped one for the rows)
     (1, 40, 256, 32, False, None),

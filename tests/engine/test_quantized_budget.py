@@ -8,8 +8,10 @@ import torch
 
 from engine.config import ModelConfig
 from engine.llm import LLM
+from engine.loader import load_model
 from engine.memory.host_image import HostImage
 from engine.ranks.rank import RankLayout, RankWorker
+from engine.runtime.graphs import can_capture
 from solvers.capacity import CutPricer
 from solvers.census import census_from_config, read_config
 from solvers.rig import load_rig
@@ -71,3 +73,11 @@ def test_a_random_image_of_a_quantized_checkpoint_holds_finite_weights(quantized
     scale = image.tensor("layers.0.linear_attn.in_proj_qkvz.weight_scale_inv")
     assert weight.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
     assert bool(weight.float().isfinite().all()) and 0 < float(scale.abs().max()) < 1
+
+
+def test_quantized_experts_keep_a_model_out_of_cuda_graphs(quantized_checkpoint, reference_checkpoint):
+    """Quantized experts run expert by expert, reading the hit experts on the host: no capture for them."""
+    quantized = load_model(quantized_checkpoint("fp8")[0], dtype=torch.bfloat16)
+    assert not can_capture(quantized, "cuda")
+    plain = load_model(reference_checkpoint("qwen3_next_moe")[0], dtype=torch.bfloat16)
+    assert can_capture(plain, "cuda")
