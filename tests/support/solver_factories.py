@@ -47,3 +47,11 @@ def rig_dict(memories: list[str], **extra) -> dict:
 
 def make_rig(memories: list[str], **extra) -> Rig:
     return rig_from_dict(rig_dict(memories, **extra))
+
+
+def census_matrices(priced: LayerCensus) -> tuple[dict[str, tuple[int, ...]], int]:
+    """A priced layer's (name -> [out, in] of every linear outside the experts, the experts' elements): what the
+    meta-device parity tests compare with transformers' own layer."""
+    named = {linear.name: (linear.out_features, linear.in_features) for linear in priced.linears
+             if "*" not in linear.name}
+    return named, sum(linear.params for linear in priced.linears if "*" in linear.name)

@@ -16,6 +16,7 @@ import json
 import pytest
 
 from solvers.census import CONFIG_DIR, census_from_config
+from tests.support.solver_factories import census_matrices
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -62,12 +63,6 @@ def matrices(layer) -> tuple[dict[str, tuple[int, ...]], int]:
         else:
             named[key.removesuffix(".weight")] = tuple(tensor.shape)
     return named, experts
-
-
-def census_matrices(priced) -> tuple[dict[str, tuple[int, ...]], int]:
-    named = {linear.name: (linear.out_features, linear.in_features) for linear in priced.linears
-             if "*" not in linear.name}
-    return named, sum(linear.params for linear in priced.linears if "*" in linear.name)
 
 
 def assert_parity(config: dict) -> None:
