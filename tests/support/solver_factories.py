@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 
-from solvers.census import LayerCensus, LayerKind, ModelCensus
+from solvers.census import CONFIG_DIR, LayerCensus, LayerKind, ModelCensus
 from solvers.rig import Rig, rig_from_dict
 
 MIB = 2**20
@@ -55,3 +56,24 @@ def census_matrices(priced: LayerCensus) -> tuple[dict[str, tuple[int, ...]], in
     named = {linear.name: (linear.out_features, linear.in_features) for linear in priced.linears
              if "*" not in linear.name}
     return named, sum(linear.params for linear in priced.linears if "*" in linear.name)
+
+
+DROP = object()  # a config variant without this key at all (None writes an explicit null)
+
+
+def shipped(name: str) -> dict:
+    """A built-in config (solvers/configs/), as transformers would build it: never through remote code."""
+    config = json.loads((CONFIG_DIR / f"{name}.json").read_text())
+    config.pop("auto_map", None)
+    return config
+
+
+def variant(name: str, **changes) -> dict:
+    """A built-in config with some keys changed (DROP removes one)."""
+    config = copy.deepcopy(shipped(name))
+    for key, value in changes.items():
+        if value is DROP:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return config

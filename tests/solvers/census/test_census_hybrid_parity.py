@@ -11,13 +11,10 @@ the head count at load, not checkpoint tensors, so they are left out of the coun
 
 from __future__ import annotations
 
-import copy
-import json
-
 import pytest
 
-from solvers.census import CONFIG_DIR, census_from_config
-from tests.support.solver_factories import census_matrices
+from solvers.census import census_from_config
+from tests.support.solver_factories import DROP, census_matrices, shipped, variant
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -25,21 +22,6 @@ transformers.logging.set_verbosity_error()
 
 SHIPPED = ["gpt-oss-20b", "glm-4.5-air", "falcon-h1-0.5b", "granite-4.0-h-small", "kimi-linear-48b-a3b", "minimax-m1"]
 RECOMPUTED_BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")
-DROP = object()
-
-
-def shipped(name: str) -> dict:
-    return json.loads((CONFIG_DIR / f"{name}.json").read_text())
-
-
-def variant(name: str, **changes) -> dict:
-    config = copy.deepcopy(shipped(name))
-    for key, value in changes.items():
-        if value is DROP:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    return config
 
 
 def meta_model(config: dict):

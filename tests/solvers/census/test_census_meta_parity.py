@@ -10,13 +10,10 @@ transformers fuses the experts into 3-D tensors, so those are compared by size.
 
 from __future__ import annotations
 
-import copy
-import json
-
 import pytest
 
-from solvers.census import CONFIG_DIR, census_from_config
-from tests.support.solver_factories import census_matrices
+from solvers.census import census_from_config
+from tests.support.solver_factories import DROP, census_matrices, shipped, variant
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -29,23 +26,6 @@ SHIPPED = [
 ]
 
 
-def shipped(name: str) -> dict:
-    config = json.loads((CONFIG_DIR / f"{name}.json").read_text())
-    config.pop("auto_map", None)  # build the in-library class, never remote code
-    return config
-
-
-DROP = object()  # a variant without this key at all (None writes an explicit null)
-
-
-def variant(name: str, **changes) -> dict:
-    config = copy.deepcopy(shipped(name))
-    for key, value in changes.items():
-        if value is DROP:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    return config
 
 
 def numel(module) -> int:
