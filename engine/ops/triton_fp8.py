@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+FP8_MAX = tl.constexpr(448.0)  # float8_e4m3fn's largest finite value
 W8A8_MIN_ROWS = 65  # fewer rows stream the weight (bandwidth-bound): W8A16 reads the same bytes without x's rounding
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -105,8 +105,8 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, stride_xm, stride_qm, stride_sm, 
     ok = (offset < GROUP) & (k < K)
     x = tl.load(x_ptr + row.to(tl.int64) * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
     # An all-zero group gets a tiny scale, not 0: its quotients stay 0, never NaN.
-    scale = tl.maximum(tl.max(tl.abs(x)), 1e-10) / 448.0
-    q = tl.clamp(x / scale, -448.0, 448.0)
+    scale = tl.maximum(tl.max(tl.abs(x)), 1e-10) / FP8_MAX
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
     tl.store(q_ptr + row.to(tl.int64) * stride_qm + k, q.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(s_ptr + row * stride_sm + group, scale)
 
