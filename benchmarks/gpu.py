@@ -1,7 +1,9 @@
 """The engine on a GPU, in one device call: the GPU path and kernel tests, the copy bandwidth, and on one random
 checkpoint the engine as `LLM` and as served (`engine serve` through the OpenAI API, benchmarks/served.py) beside
 transformers' own Qwen3-Next (prefill and decode tok/s at several batch sizes, batch-1 decode bandwidth utilisation,
-kernels per decode step and per layer). Every figure goes to one JSON file; a table is printed last.
+kernels per decode step and per layer), then the checkpoint converted to block-scaled FP8 and to W4A16
+(benchmarks/quantize_checkpoint.py) and run as `LLM` beside it. Every figure goes to one JSON file; a table is
+printed last.
 
     python benchmarks/gpu.py --out $OUT                      # the H200 run (about 14 GB checkpoint)
     python benchmarks/gpu.py --device cpu --toy --out /tmp/x # the same script at toy size, on a CPU
@@ -14,6 +16,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks import served  # noqa: E402
+from benchmarks import quantize_checkpoint, served  # noqa: E402
 from engine import bench_sweep  # noqa: E402
 
 # reference-hybrid-64's architecture at the issue's peer size: 48 layers, 32 experts top-8, ~14 GB in bf16.
@@ -67,6 +70,9 @@ def copy_bandwidth(device: str, gib: float) -> dict:
         dst.copy_(src)
         times.append(bench_sweep._synced() - start)
     median = sorted(times[3:])[10]
+    del src, dst
+    if device == "cuda":  # the engines after this get the card whole (an 80 GB card has no 8 GiB to spare)
+        torch.cuda.empty_cache()
     return {"bytes": 2 * n * 4, "median_s": median, "bytes_per_s": 2 * n * 4 / median}
 
 
@@ -109,6 +115,9 @@ def main() -> None:
     parser.add_argument("--skip-served", action="store_true", help="leave out the served sweep (`engine serve`)")
     parser.add_argument("--batches", type=lambda text: [int(b) for b in text.split(",")],
                         help="comma-separated batch sizes (default 1,8,64,256; toy 1,2)")
+    parser.add_argument("--quantized", type=lambda text: [f for f in text.split(",") if f], default=None,
+                        help=f"the checkpoint converted to these formats ({', '.join(quantize_checkpoint.FORMATS)}), "
+                             "each run as `LLM` at batch 1 and 64 beside bf16 (default: all; '' for none)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the served engine's own output, line by line
@@ -135,7 +144,10 @@ def main() -> None:
     result["copy"] = copy_bandwidth(args.device, 0.0625 if toy else 4.0)
     print("copy:", result["copy"], flush=True)
     if not (args.checkpoint / "config.json").is_file():
-        result["checkpoint"] = make_checkpoint(args.checkpoint, TOY_MODEL if toy else BENCH_MODEL, args.device)
+        # In a process of its own: the bench process must not keep the ~20 GB the model's creation cached on the
+        # card while the served engine asks for its budget.
+        result["checkpoint"] = in_fresh_process(make_checkpoint, args.checkpoint, TOY_MODEL if toy else BENCH_MODEL,
+                                                args.device)
         print("checkpoint:", result["checkpoint"], flush=True)
     memory = "256MiB" if toy else "60GiB"
     rig = "cpu-single" if toy else "h200"
@@ -160,6 +172,11 @@ def main() -> None:
         result["served"]["workspace_bytes"] = workspace
         print("served:", {k: v for k, v in result["served"].items() if k != "rows"}, flush=True)
         save()
+    formats = quantize_checkpoint.FORMATS if args.quantized is None else args.quantized
+    if formats:
+        result["quantized"] = quantized_sweeps(args.checkpoint, formats, [1, 2] if toy else [1, 64], prompt_len,
+                                               gen_len, rig, memory, 1 if toy else 2, args.device)
+        save()
     if not args.skip_transformers:
         result["transformers"] = in_fresh_process(bench_sweep.transformers_sweep, ckpt, batches, prompt_len, gen_len,
                                                   0, args.device)
@@ -170,6 +187,55 @@ def main() -> None:
         print("unfused:", result["unfused_step"], flush=True)
         save()
     write_report(result, args.out)
+
+
+def quantized_sweeps(checkpoint: Path, formats: list[str], batches: list[int], prompt_len: int, gen_len: int,
+                     rig: str, memory: str, repeat: int, device: str) -> dict:
+    """Each format: the checkpoint converted (benchmarks/quantize_checkpoint.py), then the same `LLM` sweep as bf16's
+    (its batch-1 step, bytes read and kernels included), each in a fresh process."""
+    runs = {}
+    for fmt in formats:
+        folder = checkpoint.with_name(f"{checkpoint.name}-{fmt}")
+        run = {"checkpoint": in_fresh_process(quantize_checkpoint.quantize, checkpoint, folder, fmt, device)}
+        print(f"{fmt} checkpoint:", run["checkpoint"], flush=True)
+        try:
+            run["engine"] = in_fresh_process(bench_sweep.engine_sweep, str(folder), batches, prompt_len, gen_len, 0,
+                                             rig, memory, repeat, device)
+        except Exception as error:  # one format's failure is a result; the rest of the bench still runs
+            run["error"] = f"{type(error).__name__}: {error}"
+        else:
+            profiles = run["engine"].pop("profile")
+            run["kernels_per_step"] = {k: v for k, v in profiles.items() if k.endswith("_kernels")}
+            for row in run["engine"]["rows"]:
+                row["token_ids_sample"] = row.pop("token_ids")[0][:8]
+        print(f"{fmt}:", {k: v for k, v in run.items() if k != "checkpoint"}, flush=True)
+        runs[fmt] = run
+        shutil.rmtree(folder, ignore_errors=True)
+    return runs
+
+
+def quantized_lines(result: dict) -> list[str]:
+    """bf16 and each format side by side: batch-1 step, bytes it reads, share of the copy bandwidth, step against
+    bf16's, and decode and prefill tok/s at the largest batch the formats ran."""
+    copy, base = result["copy"]["bytes_per_s"], result["engine"]
+    runs = [("bf16", base)] + [(fmt, run.get("engine")) for fmt, run in result.get("quantized", {}).items()]
+    batch = max(row["batch"] for fmt, engine in runs[1:] if engine for row in engine["rows"]) if len(runs) > 1 \
+        else None
+    if batch is None:
+        return []
+    lines = [f"{'weights':>7} {'b1 step ms':>10} {'GB read':>8} {'% copy bw':>9} {'vs bf16':>7} "
+             f"{f'b{batch} decode tok/s':>17} {f'b{batch} prefill tok/s':>18}"]
+    for fmt, engine in runs:
+        if engine is None:
+            lines.append(f"{fmt:>7} failed: {result['quantized'][fmt].get('error')}")
+            continue
+        step = engine["step"]
+        row = next((r for r in engine["rows"] if r["batch"] == batch), None)
+        lines.append(f"{fmt:>7} {step['step_s'] * 1e3:>10.3f} {step['total_bytes'] / 1e9:>8.3f} "
+                     f"{step['bytes_per_s'] / copy:>9.1%} {step['step_s'] / base['step']['step_s']:>6.2f}x "
+                     f"{row['decode_tok_s'] if row else float('nan'):>17,.0f} "
+                     f"{row['prefill_tok_s'] if row else float('nan'):>18,.0f}")
+    return lines
 
 
 def write_report(result: dict, out: Path) -> None:
@@ -204,6 +270,7 @@ def write_report(result: dict, out: Path) -> None:
         lines.append(f"batch-1 graph replay alone {step['replay_s'] * 1e3:.3f} ms: the host adds "
                      f"{(step['step_s'] - step['replay_s']) * 1e3:.3f} ms a step")
     lines.append("kernels per layer: " + ", ".join(f"{k} {v:.1f}" for k, v in result["kernels_per_layer"].items()))
+    lines += quantized_lines(result)
     result["table"] = lines
     (out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))
     print("\n".join(lines), flush=True)

@@ -175,7 +175,16 @@ def test_the_gpu_bench_runs_every_part_at_toy_size(tmp_path):
     assert "engine serve" in bench["served"]["command"] and bench["served"]["measurement"]["decode"]["steps"] > 0
     step = bench["engine"]["step"]
     assert step["total_bytes"] == step["weights_bytes"] + step["state_bytes"] + step["kv_bytes"] > 0
-    assert bench["unfused_step"]["step_s"] > 0 and len(bench["table"]) == 5
+    assert bench["unfused_step"]["step_s"] > 0
+    # The checkpoint converted to FP8 blocks and W4A16 loads and runs as `LLM`, and its batch-1 step reads fewer
+    # weight bytes the fewer bits a weight has (scales included).
+    quantized = bench["quantized"]
+    assert set(quantized) == {"fp8", "w4a16"} and all("error" not in run for run in quantized.values())
+    assert all([row["batch"] for row in run["engine"]["rows"]] == [1, 2] for run in quantized.values())
+    weights = [run["step"]["weights_bytes"] for run in (bench["engine"], quantized["fp8"]["engine"],
+                                                        quantized["w4a16"]["engine"])]
+    assert weights[0] > weights[1] > weights[2] > 0
+    assert len(bench["table"]) == 5 + 1 + 3  # the bf16 table, then the formats' header and one line each
 
 
 @pytest.mark.slow
