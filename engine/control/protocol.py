@@ -31,6 +31,10 @@ class ApplyRefused(Exception):
         self.status = status
 
 
+class DriverUnavailable(Exception):
+    """The driver cannot be reached (it shut down, died or stopped answering): the service answers 503."""
+
+
 @dataclass
 class RequestHandle:
     """One admitted request. `tokens` yields each new token id as it is sampled, then None at the end.
