@@ -79,10 +79,11 @@ def accept_front_end(listener: Listener, alive: Any, timeout_s: float) -> Connec
             try:
                 accepted.append(listener.accept())
                 break
-            except (AuthenticationError, EOFError) as error:
+            except (AuthenticationError, EOFError, OSError) as error:
+                if done.is_set():  # the wait is over and the listener closed under this accept
+                    break
+                # A peer without the key, or one that hung up mid-handshake: refused, and the wait goes on.
                 log.warning("the driver's channel refused a connection: %s", error or type(error).__name__)
-            except OSError:  # the listener was closed: the wait is over
-                break
         done.set()
 
     threading.Thread(target=run, name="seam-channel-accept", daemon=True).start()

@@ -123,11 +123,14 @@ def test_the_channel_refuses_a_connection_without_its_key():
         accepted = []
         waiter = threading.Thread(target=lambda: accepted.append(accept_front_end(listener, lambda: True, 30)))
         waiter.start()
+        with socket.socket(socket.AF_UNIX) as raw:  # a peer that skips the handshake and sends a message at once
+            raw.settimeout(10)
+            raw.connect(address.path)
+            assert b"#CHALLENGE#" in raw.recv(256)  # nothing it sends is read before it proves the key
+            raw.sendall(b"\x00\x00\x00\x05junk!")
+            assert b"#FAILURE#" in raw.recv(256)
         with pytest.raises(AuthenticationError):
             Client(address.path, family="AF_UNIX", authkey=b"guessed")
-        with socket.socket(socket.AF_UNIX) as raw:  # no handshake at all: a pickle sent straight away
-            raw.connect(address.path)
-            raw.sendall(b"\x00\x00\x00\x05junk!")
         assert waiter.is_alive() and not accepted  # the refused ones are not the front end
         good = address.connect()
         waiter.join(10)
