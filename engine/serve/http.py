@@ -356,10 +356,10 @@ def _open(request: Request) -> None:
 def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               jobs: JobLedger | None = None, allowed_hosts: AllowedHosts | None = None,
               witness: AuditWitness | None = None, chat_max_tokens: int | None = None) -> Starlette:
-    """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one. `jobs`: the
-    spent-job ledger and `witness` the witnessed audit heads (default: each in memory, for an app built in-process);
-    `allowed_hosts`: the Host names /v1 answers to (default: loopback's); `chat_max_tokens`: a chat's cap without
-    max_tokens (default: $SEAM_CHAT_MAX_TOKENS, else 1024)."""
+    """The ASGI app for `driver`; it never shuts the driver down (engine/serve/frontend.py does), so tests may share
+    one. `jobs`: the spent-job ledger and `witness` the witnessed audit heads (default: each in memory, for an app
+    built in-process); `allowed_hosts`: the Host names /v1 answers to (default: loopback's); `chat_max_tokens`: a
+    chat's cap without max_tokens (default: $SEAM_CHAT_MAX_TOKENS, else 1024)."""
     service = _Service(driver, credentials, max_body_bytes, jobs if jobs is not None else JobLedger(),
                        allowed_hosts or AllowedHosts(), witness if witness is not None else AuditWitness(),
                        chat_max_tokens if chat_max_tokens is not None else read_chat_max_tokens())
