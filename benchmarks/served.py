@@ -6,6 +6,11 @@ A batch's requests are sent at once, spread over client processes that each read
 (so the client's own cost per token stays small next to the engine's): prefill is timed from the first request sent
 until every request has its first token, and decode is the steady state after that — the tokens every request emits
 once all of them are decoding, over the time until the last ends.
+
+`engine serve` runs HTTP, tokenizing, detokenizing and SSE in a front end process of its own (engine/serve/
+frontend.py), so what the driver's process spends in Python is the engine loop's: each row reports that host time a
+step (`host_step_ms`, per kind of step: median and 90th percentile of the step's wall time in the driver less its wait
+on the ranks) beside the ranks' stage times.
 """
 
 from __future__ import annotations
@@ -91,7 +96,10 @@ def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
                 # stage times over its last 256 steps (this batch's and, for small batches, earlier ones').
                 measured = LayoutMeasurement.from_dict(engine.state()["measurement"], "state.measurement")
                 best.update(engine_ttft_ms=measured.latency.ttft_ms, engine_itl_ms=measured.latency.itl_ms,
-                            engine_prefill=measured.prefill.to_dict(), engine_decode=measured.decode.to_dict())
+                            engine_prefill=measured.prefill.to_dict(), engine_decode=measured.decode.to_dict(),
+                            host_step_ms={kind: {"median": stats.host_ms, "p90": stats.host_p90_ms}
+                                          for kind, stats in (("prefill", measured.prefill),
+                                                              ("decode", measured.decode))})
                 for rate in ("prefill", "decode"):
                     fastest = max(runs, key=lambda run, rate=rate: run[f"{rate}_tok_s"])
                     best.update({f"{rate}_s": fastest[f"{rate}_s"], f"{rate}_tok_s": fastest[f"{rate}_tok_s"]})

@@ -150,6 +150,10 @@ class EngineClient:
                 message = response.text[:500]
             if response.status_code == 401 and self._tokenless:
                 message += f" (this console holds no control token: set {CONTROL_TOKEN_ENV} in its environment)"
+            if response.status_code == 503:
+                # The engine's front end answers while its driver is gone (it stops moments later): the engine is
+                # down, as when nothing answers, and the call may have reached the driver before it went.
+                raise EngineUnreachable(f"engine unavailable during {where}: {message}", sent=True)
             raise EngineRefused(response.status_code, message)
         if not isinstance(data, dict):
             raise EngineError(f"{where} answered {response.status_code} without a JSON object")

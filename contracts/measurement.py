@@ -7,7 +7,9 @@ records it (console.calibration) and calibrates the timing model from its decode
 
 - `decode` / `prefill`: per kind of step over the engine's recent window (steps of a layout only: the window is
   cleared when the layout changes), the step count, the median tokens a step, and per rank the median stage ms
-  and its spread (the sample standard deviation over those steps; 0 with one step).
+  and its spread (the sample standard deviation over those steps; 0 with one step), and the driver's host time a
+  step, median and 90th percentile: the step's wall time in the driver's loop less its wait on the ranks (scheduling,
+  the step plan, sampling, committing and handing tokens out); absent from engines that do not measure it.
 - `pool`: three figures of one quantity, the KV pool in tokens: `predicted` is the planner's pool (the `pool_tokens`
   of the plan and the state), `allocated` the smallest pool the attention ranks allocated, `real` the tokens the
   scheduler can hand out (whole blocks of that pool).
@@ -45,18 +47,24 @@ class StageStats:
     median_tokens: float | None
     median_ms: tuple[float, ...] | None  # per rank; None without steps
     spread_ms: tuple[float, ...] | None  # per rank, sample SD over the steps; None without steps
+    host_ms: float | None = None  # the driver's median host time a step; None without steps (or not measured)
+    host_p90_ms: float | None = None  # its 90th percentile
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "median_tokens": self.median_tokens,
                 "median_ms": None if self.median_ms is None else list(self.median_ms),
-                "spread_ms": None if self.spread_ms is None else list(self.spread_ms)}
+                "spread_ms": None if self.spread_ms is None else list(self.spread_ms),
+                "host_ms": self.host_ms, "host_p90_ms": self.host_p90_ms}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> StageStats:
         steps = count(field(data, "steps", where), f"{where}.steps")
         stats = cls(steps, number(field(data, "median_tokens", where), f"{where}.median_tokens", allow_none=True),
                     _per_rank(field(data, "median_ms", where), f"{where}.median_ms"),
-                    _per_rank(field(data, "spread_ms", where), f"{where}.spread_ms"))
+                    _per_rank(field(data, "spread_ms", where), f"{where}.spread_ms"),
+                    # Optional: an engine from before the front end's split does not measure its host time.
+                    *(number(data.get(name), f"{where}.{name}", allow_none=True)
+                      for name in ("host_ms", "host_p90_ms")))
         if (steps > 0) != (stats.median_ms is not None) or (stats.median_ms is None) != (stats.spread_ms is None):
             raise ContractError(f"{where}: median_ms and spread_ms are given exactly when steps > 0 (steps={steps})")
         if stats.median_ms is not None and len(stats.median_ms) != len(stats.spread_ms):

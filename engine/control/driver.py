@@ -299,6 +299,7 @@ class PipelineDriver:
     # --- the engine loop -------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
+            began = time.perf_counter()  # a step's host time counts from here (stage_timer.StageLog, host_ms)
             if self.cancelled:
                 self._drop_cancelled()
             if self.ops.pending():
@@ -311,16 +312,19 @@ class PipelineDriver:
                 self.wake.clear()
                 continue
             try:
-                self._step(batch)
+                self._step(batch, began)
             except Exception as error:  # a failed step requeues its requests and restores the layout
                 log.exception("step failed: %s", error)
                 self.ops.recover(error, batch)
 
-    def _step(self, batch: Batch) -> None:
+    def _step(self, batch: Batch, began: float) -> None:
+        """`began`: when the loop's iteration that scheduled `batch` started."""
         plan = batch.plan(self.shape.block_size)
         token_ids = plan.token_ids
         self.metrics.scheduled(seq.seq_id for seq in batch.seqs)
+        sent = time.perf_counter()
         replies = self.ranks.call_all("step", [plan] * self.rig.size)
+        ranks_s = time.perf_counter() - sent  # sending the plan, the ranks' stages, receiving the logits
         for rank, (_, memory, _) in enumerate(replies):
             if memory is not None:
                 self.device_memory[rank] = memory
@@ -331,7 +335,6 @@ class PipelineDriver:
         decode = sum(1 for i in ready if batch.cached_lens[i] > 0 and batch.query_lens[i] == 1)
         with self.lock:  # state() reads the stage log from the HTTP threads
             self.step_health.step_succeeded()
-            self.stages.add(len(token_ids) - decode, decode, [stage_ms for _, _, stage_ms in replies])
             self.metrics.stage_times(len(token_ids) - decode, [stage_ms for _, _, stage_ms in replies])
             tokens = {batch.seqs[i].seq_id: token for i, token in zip(ready, drawn, strict=True)
                       if not isinstance(token, Exception)}
@@ -347,6 +350,10 @@ class PipelineDriver:
                     handle.emit(token)
             for seq in finished:
                 self._finish(seq, seq.finish_reason or "length")
+            # Host time: the iteration's wall time outside the ranks' round trip; the sampler's work on the logits
+            # counts, as it runs in this process. Recorded last, so it covers the commit and the emits above.
+            host_ms = (time.perf_counter() - began - ranks_s) * 1e3
+            self.stages.add(len(token_ids) - decode, decode, [stage_ms for _, _, stage_ms in replies], host_ms)
         self._throughput.append((time.monotonic(), len(token_ids) - decode, decode))
 
     # --- reading the engine ----------------------------------------------------------------------

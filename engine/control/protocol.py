@@ -2,7 +2,9 @@
 
 The driver (engine/control/driver.py) owns the scheduler, the rank processes and reconfiguration; the
 service (engine/serve/http.py) only translates HTTP to these calls, and telemetry only reads. The replies are
-contracts/ types, which the service writes with their `to_dict()`.
+contracts/ types, which the service writes with their `to_dict()`. Under `engine serve` the service runs in a front end
+process of its own and reaches the driver through engine/serve/remote_driver.py's RemoteDriver, this same surface over
+the channel of engine/serve/channel.py.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ class ApplyRefused(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+class DriverUnavailable(Exception):
+    """The driver cannot be reached (it shut down, died or stopped answering): the service answers 503."""
 
 
 @dataclass

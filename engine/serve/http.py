@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
-import uvicorn
 from anyio import to_thread
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -40,7 +39,7 @@ from contracts.control import Accepted, OperationList, Refusal, Witnessed
 from contracts.errors import ContractError
 from engine.control.audit_witness import AuditWitness
 from engine.control.job_ledger import JobLedger
-from engine.control.protocol import ApplyRefused, Driver, RequestHandle
+from engine.control.protocol import ApplyRefused, Driver, DriverUnavailable, RequestHandle
 from engine.errors import EngineError, EngineRequestError
 from engine.serve.access import Credentials, Unauthorized, attested, require_api_key, require_control_token
 from engine.serve.cross_site import AllowedHosts, require_json
@@ -87,6 +86,8 @@ def _guarded(handler: Handler, gate: Gate) -> Handler:
             return _error(request, error.status, error.message, error.param)
         except ApplyRefused as error:
             return _error(request, error.status, str(error))
+        except DriverUnavailable as error:
+            return _error(request, 503, str(error))
         except (EngineRequestError, ContractError, SolverError) as error:
             return _error(request, 400, str(error))
         except Exception as error:
@@ -355,10 +356,10 @@ def _open(request: Request) -> None:
 def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               jobs: JobLedger | None = None, allowed_hosts: AllowedHosts | None = None,
               witness: AuditWitness | None = None, chat_max_tokens: int | None = None) -> Starlette:
-    """The ASGI app for `driver`; it never shuts the driver down (serve does), so tests may share one. `jobs`: the
-    spent-job ledger and `witness` the witnessed audit heads (default: each in memory, for an app built in-process);
-    `allowed_hosts`: the Host names /v1 answers to (default: loopback's); `chat_max_tokens`: a chat's cap without
-    max_tokens (default: $SEAM_CHAT_MAX_TOKENS, else 1024)."""
+    """The ASGI app for `driver`; it never shuts the driver down (engine/serve/frontend.py does), so tests may share
+    one. `jobs`: the spent-job ledger and `witness` the witnessed audit heads (default: each in memory, for an app
+    built in-process); `allowed_hosts`: the Host names /v1 answers to (default: loopback's); `chat_max_tokens`: a
+    chat's cap without max_tokens (default: $SEAM_CHAT_MAX_TOKENS, else 1024)."""
     service = _Service(driver, credentials, max_body_bytes, jobs if jobs is not None else JobLedger(),
                        allowed_hosts or AllowedHosts(), witness if witness is not None else AuditWitness(),
                        chat_max_tokens if chat_max_tokens is not None else read_chat_max_tokens())
@@ -380,17 +381,3 @@ def build_app(driver: Driver, credentials: Credentials, max_body_bytes: int = DE
     return Starlette(routes=[Route(path, _guarded(handler, gate), methods=[method])
                              for path, handler, method, gate in routes],
                      exception_handlers={HTTPException: _http_error})
-
-
-def serve(driver: Driver, credentials: Credentials, jobs: JobLedger, witness: AuditWitness, host: str = "127.0.0.1",
-          port: int = 8000, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-          allowed_hosts: AllowedHosts | None = None) -> None:
-    """Serve until interrupted, then shut the driver down (its rank processes with it). `allowed_hosts`: default
-    loopback's and `host` (AllowedHosts.for_bind)."""
-    try:
-        app = build_app(driver, credentials, max_body_bytes, jobs, allowed_hosts or AllowedHosts.for_bind(host),
-                        witness)
-        # Open streams would hold a graceful shutdown forever; give them a few seconds to finish.
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
-    finally:
-        driver.shutdown()

@@ -1,6 +1,7 @@
 """A request's tokens read from the event loop without polling: the driver's emit wakes the reader.
 
-The driver emits from its engine thread (RequestHandle.emit / end call the handle's listener); the listener set here
+The driver emits from its engine thread, or in `engine serve`'s front end the channel's reader thread as the driver's
+news arrives (RequestHandle.emit / end call the handle's listener); the listener set here
 sets an asyncio.Event through the loop's call_soon_threadsafe, so a stream sleeps until its request has news and a
 thousand open streams cost nothing between steps. Each wait still ends after CHECK_S, so a waiter notices a client
 that went away, or a driver that ends a request without telling, within that time. A reply of n choices reads its n

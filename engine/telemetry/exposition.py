@@ -154,5 +154,9 @@ def _measurement(out: _Families, ranks: list[dict], measurement: object) -> None
         for rank, ms in zip(ranks, per_rank, strict=True):
             out.gauge("seam_engine_stage_ms", "Median stage time of the rank over recent steps of the kind, in ms.",
                       ms, {"rank": rank["rank"], "name": rank["name"], "kind": kind})
+        for quantile, key in (("0.5", "host_ms"), ("0.9", "host_p90_ms")):
+            out.gauge("seam_engine_host_step_ms", "The driver's host time a step (its wall time less the ranks' round "
+                      "trip) over recent steps of the kind, in ms.", _dig(measurement, (kind, key)),
+                      {"kind": kind, "quantile": quantile})
     for metric, help_text, key in LATENCY_METRICS:
         out.gauge(metric, help_text, _dig(measurement, ("latency", key)))

@@ -56,25 +56,32 @@ class StageLog:
     prefill (any prompt token). Cleared when the layout changes: another cut has other stages."""
 
     def __init__(self) -> None:
-        self.steps: deque[tuple[str, int, list[float]]] = deque(maxlen=WINDOW)
+        self.steps: deque[tuple[str, int, list[float], float | None]] = deque(maxlen=WINDOW)
 
-    def add(self, prefill_tokens: int, decode_tokens: int, stage_ms: list[float | None]) -> None:
+    def add(self, prefill_tokens: int, decode_tokens: int, stage_ms: list[float | None],
+            host_ms: float | None = None) -> None:
+        """`host_ms`: the driver's own time in the step, outside its wait on the ranks."""
         if all(ms is not None for ms in stage_ms):
-            self.steps.append((step_kind(prefill_tokens), prefill_tokens + decode_tokens, list(stage_ms)))
+            self.steps.append((step_kind(prefill_tokens), prefill_tokens + decode_tokens, list(stage_ms), host_ms))
 
     def clear(self) -> None:
         self.steps.clear()
 
     def summary(self) -> dict[str, StageStats]:
         """Per kind ("decode", "prefill"): how many steps, their median tokens, and per rank the median stage ms
-        and its spread (the sample standard deviation over the steps; 0 with one step)."""
-        return {kind: _stats([(tokens, ms) for k, tokens, ms in self.steps if k == kind]) for kind in STEP_KINDS}
+        and its spread (the sample standard deviation over the steps; 0 with one step), and the driver's host time a
+        step: median and 90th percentile."""
+        return {kind: _stats([(tokens, ms, host) for k, tokens, ms, host in self.steps if k == kind])
+                for kind in STEP_KINDS}
 
 
-def _stats(steps: list[tuple[int, list[float]]]) -> StageStats:
+def _stats(steps: list[tuple[int, list[float], float | None]]) -> StageStats:
     if not steps:
         return NO_STEPS
-    ranks = list(zip(*(ms for _, ms in steps), strict=True))
-    return StageStats(len(steps), float(statistics.median(tokens for tokens, _ in steps)),
+    ranks = list(zip(*(ms for _, ms, _ in steps), strict=True))
+    host = [ms for _, _, ms in steps if ms is not None]
+    p90 = statistics.quantiles(host, n=10, method="inclusive")[8] if len(host) > 1 else (host or [None])[0]
+    return StageStats(len(steps), float(statistics.median(tokens for tokens, _, _ in steps)),
                       tuple(round(statistics.median(rank), 4) for rank in ranks),
-                      tuple(round(statistics.stdev(rank), 4) if len(steps) > 1 else 0.0 for rank in ranks))
+                      tuple(round(statistics.stdev(rank), 4) if len(steps) > 1 else 0.0 for rank in ranks),
+                      round(statistics.median(host), 4) if host else None, None if p90 is None else round(p90, 4))

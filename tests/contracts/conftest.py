@@ -11,8 +11,9 @@ SHAPE = {"max_model_len": 2048, "max_num_seqs": 8, "max_num_batched_tokens": 512
          "kv_dtype": "fp32", "state_dtype": None}
 MEASUREMENT = {"model": "demo", "rig": "cpu-demo", "fingerprint": "0123456789abcdef", "cut": [8, 4, 4],
                "shape": SHAPE, "decode": {"steps": 3, "median_tokens": 1.0, "median_ms": [1.5, 1.0, 1.0],
-                                          "spread_ms": [0.1, 0.0, 0.0]},
-               "prefill": {"steps": 0, "median_tokens": None, "median_ms": None, "spread_ms": None},
+                                          "spread_ms": [0.1, 0.0, 0.0], "host_ms": 0.4, "host_p90_ms": 0.9},
+               "prefill": {"steps": 0, "median_tokens": None, "median_ms": None, "spread_ms": None,
+                           "host_ms": None, "host_p90_ms": None},
                "decode_tok_s": 12.5, "prefill_tok_s": 0.0, "pool": {"predicted": 9136, "allocated": 9136, "real": 9136},
                "latency": {"requests": 2, "ttft_ms": 120.0, "itl_ms": 30.0}}
 HEALTH = {"ok": True, "phase": "serving", "reason": None, "recoveries_in_a_row": 0, "recoveries": 0,

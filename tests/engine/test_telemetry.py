@@ -358,9 +358,12 @@ def _measurement(decode: StageStats, prefill: StageStats, latency: Latency) -> d
 
 def test_prometheus_text_exposes_stage_and_latency_medians():
     snapshot = make_snapshot(5)
-    snapshot["engine"]["measurement"] = _measurement(StageStats(12, 1.0, (3.5, 2.25), (0.1, 0.2)), NO_STEPS,
-                                                     Latency(requests=4, ttft_ms=41.5, itl_ms=3.75))
+    snapshot["engine"]["measurement"] = _measurement(StageStats(12, 1.0, (3.5, 2.25), (0.1, 0.2), 0.75, 1.5),
+                                                     NO_STEPS, Latency(requests=4, ttft_ms=41.5, itl_ms=3.75))
     samples = parse_exposition(prometheus_text(snapshot, []))
+    assert samples[("seam_engine_host_step_ms", ("kind", "decode"), ("quantile", "0.5"))] == 0.75
+    assert samples[("seam_engine_host_step_ms", ("kind", "decode"), ("quantile", "0.9"))] == 1.5
+    assert not any(key[0] == "seam_engine_host_step_ms" and ("kind", "prefill") in key for key in samples)
     assert samples[("seam_engine_stage_ms", ("kind", "decode"), ("name", "r0"), ("rank", "0"))] == 3.5
     assert samples[("seam_engine_stage_ms", ("kind", "decode"), ("name", "r1"), ("rank", "1"))] == 2.25
     assert not any(key[0] == "seam_engine_stage_ms" and ("kind", "prefill") in key for key in samples)  # no steps
