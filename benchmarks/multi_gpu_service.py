@@ -97,9 +97,15 @@ class Service:
         raise TimeoutError(f"service {self.label} did not answer /healthz within {timeout_s:.0f} s")
 
     def rank_processes(self) -> list[psutil.Process]:
-        """The rank processes the service spawned (multiprocessing's spawn children, not its resource tracker)."""
+        """The rank processes the service spawned (multiprocessing's spawn children, not its resource tracker, nor
+        the front end: the spawn child that listens on the service's port)."""
         children = psutil.Process(self.process.pid).children(recursive=True)
-        return [child for child in children if "spawn_main" in " ".join(child.cmdline())]
+        return [child for child in children if "spawn_main" in " ".join(child.cmdline())
+                and not self._listens(child)]
+
+    def _listens(self, process: psutil.Process) -> bool:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
+                   for c in process.net_connections(kind="inet"))
 
     def rank_environments(self, names: tuple[str, ...]) -> list[dict]:
         """What each rank process really has in its environment for `names` (None: unset)."""

@@ -84,7 +84,8 @@ def collect(driver: PipelineDriver, load: Load, case: dict, budget_s: float, out
 
 def _steps(driver: PipelineDriver, kind: str, tokens: int) -> list[list[float]]:
     """Per-rank stage ms of the logged steps of `kind` with exactly `tokens` tokens."""
-    return [ms for logged_kind, count, ms in list(driver.stages.steps) if logged_kind == kind and count == tokens]
+    return [ms for logged_kind, count, ms, _host_ms in list(driver.stages.steps)
+            if logged_kind == kind and count == tokens]
 
 
 def _median(steps: list[list[float]]) -> list[float]:
