@@ -165,20 +165,22 @@ def expert_rows(copy_bytes_per_s: float) -> list[dict]:
         parts = [make(n_features, k_features) for _ in range(EXPERTS)]
         return tuple(torch.stack(tensors) for tensors in zip(*parts, strict=True))
 
+    # bf16 holds gate and up as one [E, 2I, hidden] tensor (triton_moe); the quantized formats apart, as loaded.
     formats = {
-        "bf16": lambda gu, d: (lambda x, i, w: fused_experts(x, i, w, gu[0], d[0])),
-        "fp8_w8a16": lambda gu, d: (lambda x, i, w: quant_fused_experts(
-            x, i, w, Fp8Experts(*gu, BLOCK), Fp8Experts(*d, BLOCK))),
-        "w4a16": lambda gu, d: (lambda x, i, w: quant_fused_experts(
-            x, i, w, W4Experts(*gu, GROUP), W4Experts(*d, GROUP))),
+        "bf16": lambda g, u, d: (lambda gate_up: lambda x, i, w: fused_experts(x, i, w, gate_up, d[0]))(
+            torch.cat([g[0], u[0]], 1)),
+        "fp8_w8a16": lambda g, u, d: (lambda x, i, w: quant_fused_experts(
+            x, i, w, Fp8Experts(*g, BLOCK), Fp8Experts(*u, BLOCK), Fp8Experts(*d, BLOCK))),
+        "w4a16": lambda g, u, d: (lambda x, i, w: quant_fused_experts(
+            x, i, w, W4Experts(*g, GROUP), W4Experts(*u, GROUP), W4Experts(*d, GROUP))),
     }
     makers = {"bf16": bf16_weights, "fp8_w8a16": fp8_weights, "w4a16": w4_weights}
     results = []
     for fmt, bind in formats.items():
-        gate_up = stacked(makers[fmt], 2 * MOE_INTER, HIDDEN)
+        gate, up = (stacked(makers[fmt], MOE_INTER, HIDDEN) for _ in range(2))
         down = stacked(makers[fmt], HIDDEN, MOE_INTER)
-        run = bind(gate_up, down)
-        per_expert = (nbytes(gate_up) + nbytes(down)) / EXPERTS
+        run = bind(gate, up, down)
+        per_expert = (nbytes(gate) + nbytes(up) + nbytes(down)) / EXPERTS
         for batch in (1, 8, 64):
             x = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
             ids = torch.stack([torch.randperm(EXPERTS, device="cuda")[:TOP_K] for _ in range(batch)])
@@ -189,7 +191,7 @@ def expert_rows(copy_bytes_per_s: float) -> list[dict]:
                    "copy_fraction": moved / seconds / copy_bytes_per_s}
             results.append(row)
             print(json.dumps(row), flush=True)
-        del gate_up, down
+        del gate, up, down
     return results
 
 

@@ -19,8 +19,10 @@ ride in the partials' launch too (`SparseMoE.forward_with_norm`, which DecoderLa
 its norm computed there, engine/ops/triton_router.py), one launch fewer a layer. A larger router keeps its cuBLAS
 GEMV; a shared expert of another shape (or an unmerged layer's) runs as its own GatedMLP, its gate's logit from the
 GEMV.
-Quantized experts (engine/layers/quantized.py) are `QuantizedExperts`: gate, up and down each a stack of E, run by the
-reference loop; they are never stacked with the shared expert, nor the router merged with a quantized gate.
+Quantized experts (engine/layers/quantized.py) are `QuantizedExperts`: gate, up and down each a stack of E. On CUDA in
+half precision they run the same two grouped GEMMs over their quantized tiles (engine/ops/triton_moe_quant.py, the
+routing kernels at decode sizes), so a decode step through them captures in a CUDA graph; elsewhere the reference
+loop. They are never stacked with the shared expert, nor the router merged with a quantized gate.
 """
 
 from __future__ import annotations
@@ -33,15 +35,18 @@ from engine.errors import EngineConfigError
 from engine.layers.merge import stack_experts, stack_rows
 from engine.layers.mlp import GatedMLP, silu_mul
 from engine.layers.norm import RMSNorm
-from engine.layers.quantized import Linears, QuantizedLinear
+from engine.layers.quantized import FP8BlockLinear, Linears, QuantizedLinear
 from engine.ops.fused import fused
 
 try:
     from engine.ops.triton_moe import fused_experts, routed_experts
+    from engine.ops.triton_moe_quant import (Fp8Experts, QuantExperts, W4Experts, quant_fused_experts,
+                                             quant_routed_experts)
     from engine.ops.triton_route import fits_routing_kernels
     from engine.ops.triton_router import fits_router_gemv, normed_router_partials
 except ImportError:  # no Triton (CPU-only installs): grouped_mm on CUDA bf16, the loop elsewhere
     fused_experts = routed_experts = fits_router_gemv = fits_routing_kernels = normed_router_partials = None
+    quant_fused_experts = quant_routed_experts = None
 
 _grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
@@ -136,7 +141,8 @@ class Experts(nn.Module):
 
 class QuantizedExperts(nn.Module):
     """Routed experts whose weights stay quantized: gate_proj, up_proj and down_proj each a stack of E (built from
-    the checkpoint's per-expert tensors). Each hit expert runs once on its tokens, as Experts.looped."""
+    the checkpoint's per-expert tensors). On CUDA in half precision the fused quantized GEMMs; elsewhere each hit
+    expert runs once on its tokens, as Experts.looped."""
 
     has_shared_slot = False
 
@@ -161,11 +167,40 @@ class QuantizedExperts(nn.Module):
                                     "experts' projections but not all; the engine converts all three or none")
         return cls(num_experts, gate, up, down)
 
+    @property
+    def has_kernels(self) -> bool:
+        """Whether the fused quantized kernels can run these experts: Triton installed, no biases (they add none)."""
+        projections = (self.gate_proj, self.up_proj, self.down_proj)
+        return quant_fused_experts is not None and all(p.bias is None for p in projections)
+
     def runs_triton(self, x: torch.Tensor) -> bool:
-        return False
+        """Whether the experts run as the fused quantized kernels: CUDA, half precision, has_kernels."""
+        return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.has_kernels
 
     def routes_in_kernels(self, x: torch.Tensor, top_k: int) -> bool:
-        return False
+        return self.runs_triton(x) and fits_routing_kernels(x.shape[0], self.num_experts, top_k)
+
+    def kernel_experts(self) -> tuple[QuantExperts, QuantExperts, QuantExperts]:
+        """gate, up and down as the fused kernels take them (views of the parameters)."""
+        def view(linear: QuantizedLinear) -> QuantExperts:
+            if isinstance(linear, FP8BlockLinear):
+                return Fp8Experts(linear.weight, linear.weight_scale_inv, linear.block)
+            return W4Experts(linear.qweight, linear.scales, linear.qzeros, linear.group_size)
+
+        return view(self.gate_proj), view(self.up_proj), view(self.down_proj)
+
+    def triton_parts(self, x: torch.Tensor, top_k: int, norm_topk_prob: bool, logits: torch.Tensor | None = None,
+                     router_weight: torch.Tensor | None = None, partials: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+        """Experts.triton_parts over the quantized experts: the weighted parts [tokens, top_k, hidden]."""
+        experts = self.kernel_experts()
+        if router_weight is not None:
+            return quant_routed_experts(x, top_k, norm_topk_prob, *experts, router_weight=router_weight,
+                                        partials=partials)
+        if self.routes_in_kernels(x, top_k):
+            return quant_routed_experts(x, top_k, norm_topk_prob, *experts, logits=logits[:, :self.num_experts])
+        expert_ids, weights = route(logits[:, :self.num_experts], top_k, norm_topk_prob)
+        return quant_fused_experts(x, expert_ids, weights, *experts)
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
@@ -222,7 +257,7 @@ class SparseMoE(nn.Module):
         expert of its own (or an unmerged layer's) needs its gate's logit from the GEMV anyway. Else None."""
         if self.experts.has_shared_slot:
             weight = self.router_weight
-        elif self.shared_expert is None:
+        elif self.shared_expert is None and isinstance(self.gate, nn.Linear):
             weight = self.gate.weight
         else:
             return None

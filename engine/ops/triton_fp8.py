@@ -4,7 +4,8 @@ Layout: weight float8_e4m3fn [N, K]; scale_inv float32 [ceil(N/bn), ceil(K/bk)] 
 published; the weight the checkpoint means is w[n, k] = float(weight[n, k]) * scale_inv[n // bn, k // bk].
 
 - W8A16 (any GPU Triton runs on, and the interpreter): the kernel dequantizes each [BLOCK_N, BLOCK_K] tile in float32
-  (each element times its block's scale, gathered, so any block shape works) and multiplies it with x in x's dtype.
+  (fp8_weight_rows: each element times its block's scale, one scale a row where the tile aligns with the blocks,
+  gathered otherwise, so any block shape works) and multiplies it with x in x's dtype.
   Decode (M <= 16) runs one M-block a feature slice, so the weight is streamed once: a lone row multiplies
   elementwise and sums over K once at the end (triton_gemv's GEMV: no tensor-core tile is three quarters padding),
   2..16 rows take a 16-row tl.dot. Prefill takes wide tiles.
@@ -59,11 +60,30 @@ def precision(dtype: torch.dtype) -> str | None:
 
 
 @triton.jit
-def fp8_weight_tile(w_ptr, s_ptr, n, k, mask, stride_wn, stride_wk, stride_sn, stride_sk, SCALE_N: tl.constexpr,
-                    SCALE_K: tl.constexpr):
-    """The float32 weights at broadcastable index tiles n, k: each fp8 value times its block's scale."""
-    w = tl.load(w_ptr + n.to(tl.int64) * stride_wn + k * stride_wk, mask=mask, other=0.0).to(tl.float32)
-    return w * tl.load(s_ptr + (n // SCALE_N) * stride_sn + (k // SCALE_K) * stride_sk, mask=mask, other=0.0)
+def fp8_weight_rows(w_ptr, s_ptr, n, n_ok, k0, K, stride_wn, stride_wk, stride_sn, stride_sk,
+                    SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The float32 weights of rows n ([BLOCK_N]) at columns k0 .. k0 + BLOCK_K: [BLOCK_N, BLOCK_K], each fp8 value
+    times its block's scale. A tile inside one scale column (SCALE_K a multiple of BLOCK_K) or spanning whole ones
+    (BLOCK_K a multiple of SCALE_K, both powers of two) loads one scale a row and column block, so the loads the
+    pipeline stages are the fp8 bytes, not a float32 scale per element; other blocks gather the scales."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = k < K
+    rows = n.to(tl.int64)
+    w = tl.load(w_ptr + rows[:, None] * stride_wn + k[None, :] * stride_wk, mask=n_ok[:, None] & k_ok[None, :],
+                other=0.0).to(tl.float32)
+    scale_rows = s_ptr + (n // SCALE_N) * stride_sn
+    if SCALE_K % BLOCK_K == 0:
+        w = w * tl.load(scale_rows + (k0 // SCALE_K) * stride_sk, mask=n_ok, other=0.0)[:, None]
+    elif BLOCK_K % SCALE_K == 0 and (SCALE_K & (SCALE_K - 1)) == 0:
+        columns = k0 // SCALE_K + tl.arange(0, BLOCK_K // SCALE_K)
+        scales = tl.load(scale_rows[:, None] + columns[None, :] * stride_sk,
+                         mask=n_ok[:, None] & (columns[None, :] * SCALE_K < K), other=0.0)
+        w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // SCALE_K, SCALE_K)) * scales[:, :, None],
+                       (BLOCK_N, BLOCK_K))
+    else:
+        w = w * tl.load(scale_rows[:, None] + (k // SCALE_K)[None, :] * stride_sk,
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    return w
 
 
 @triton.jit
@@ -81,8 +101,8 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, stride_xm, stride_xk, stride
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        w = fp8_weight_tile(w_ptr, s_ptr, n[:, None], k[None, :], n_ok[:, None] & k_ok[None, :], stride_wn,
-                            stride_wk, stride_sn, stride_sk, SCALE_N, SCALE_K)
+        w = fp8_weight_rows(w_ptr, s_ptr, n, n_ok, k0, K, stride_wn, stride_wk, stride_sn, stride_sk, SCALE_N,
+                            SCALE_K, BLOCK_N, BLOCK_K)
         if BLOCK_M == 1:
             x = tl.load(x_ptr + pid_m * stride_xm + k * stride_xk, mask=k_ok, other=0.0)
             products += x.to(tl.float32)[None, :] * w

@@ -1,15 +1,16 @@
 """Fused MoE experts over quantized weights: engine/ops/triton_moe.py's two grouped GEMMs, each weight tile
-dequantized in the kernel (block-scaled FP8 as engine/ops/triton_fp8.py, W4A16 as engine/ops/triton_w4a16.py).
+dequantized in the kernel (block-scaled FP8 by triton_fp8.fp8_weight_rows, W4A16 by triton_w4a16.w4_weight_rows).
 
-Same interface and flow as triton_moe: `align` sorts the (token, slot) pairs by expert into padded M-blocks, kernel 1
-writes h = silu(x @ gate^T) * (x @ up^T) per M-block, kernel 2 y[pair] = weight[pair] * (h @ down^T). The weights
-are the dense formats with a leading expert dim, gate_up being one [E, 2I, hidden] matrix (gate rows first) scaled or
-packed as a whole:
+Same flow as triton_moe: `align` (or the routing kernels) sorts the (token, slot) pairs by expert into padded
+M-blocks, kernel 1 writes h = silu(x @ gate^T) * (x @ up^T) per M-block, kernel 2 y[pair] = weight[pair] * (h @
+down^T). Sizes depend only on the number of pairs, so a decode step through them captures in a CUDA graph. The weights
+are the dense formats with a leading expert dim, gate and up apart (as the checkpoints store them and the engine
+holds them, engine/layers/quantized.py):
   Fp8Experts  weight float8_e4m3fn [E, N, K], scale_inv float32 [E, ceil(N/bn), ceil(K/bk)], block (bn, bk)
   W4Experts   qweight int32 [E, N, K/8], scales [E, N, K/G] in x's dtype, zeros None or int32 [E, K/G, ceil(N/8)]
-(for gate_up the up rows sit at N offset I, so with fp8 blocks or packed zeros I must be a multiple of bn, resp. 8,
-for the halves to be quantized apart: the loader merges them). Every tile is dequantized in float32 and multiplied in
-x's dtype with float32 accumulation (W8A16 / W4A16); there is no W8A8 expert path yet.
+Every tile is dequantized in float32 and multiplied in x's dtype with float32 accumulation (W8A16 / W4A16); there is
+no W8A8 expert path yet. The tiles are their own (QUANT_CONFIGS): a dequantized tile sits in shared memory beside
+the raw one, so triton_moe's 16-row tile (gate_k 256, 3 stages) asks 344 KB of an H100's 227 KB.
 Runs under TRITON_INTERPRET=1 on CPU tensors.
 """
 
@@ -21,9 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.ops.triton_fp8 import fp8_weight_tile, precision
-from engine.ops.triton_moe import CONFIGS, TileConfig, align, num_blocks_for, pick_block_m
-from engine.ops.triton_w4a16 import w4_weight_tile
+from engine.ops.triton_fp8 import fp8_weight_rows, precision
+from engine.ops.triton_moe import TileConfig, align, num_blocks_for, pick_block_m
+from engine.ops.triton_route import route_and_align
+from engine.ops.triton_w4a16 import w4_weight_rows
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,16 @@ class W4Experts:
 
 
 QuantExperts = Fp8Experts | W4Experts
+
+
+# Per stage: x's [BLOCK_M, BLOCK_K] tile and the raw weight tiles (fp8 bytes, or int32 words at half a byte a weight);
+# once: the dequantized [BLOCK_N, BLOCK_K] tiles in x's dtype (two in kernel 1). Under 100 KB each, so any Hopper or
+# Ampere part takes them.
+QUANT_CONFIGS = {
+    16: TileConfig(16, gate_n=64, gate_k=128, down_n=64, down_k=128, num_warps=4, gate_stages=3, down_stages=3),
+    32: TileConfig(32, gate_n=64, gate_k=64, down_n=64, down_k=64, num_warps=4, gate_stages=3, down_stages=3),
+    64: TileConfig(64, gate_n=64, gate_k=64, down_n=128, down_k=64, num_warps=8, gate_stages=3, down_stages=3),
+}
 
 
 def _shape(experts: QuantExperts) -> tuple[int, int, int]:
@@ -72,34 +84,47 @@ def _shape(experts: QuantExperts) -> tuple[int, int, int]:
     return num_experts, n_features, k_features
 
 
-def _weight_args(experts: QuantExperts) -> tuple[list, dict]:
-    """The kernels' weight pointers and strides, and the format's constexprs."""
+def _pointers(experts: QuantExperts) -> list[torch.Tensor]:
+    """The weight, scale and zero-point tensors a kernel reads (the weight again where there are no zeros)."""
     if isinstance(experts, Fp8Experts):
-        w, s = experts.weight, experts.scale_inv
-        return ([w, s, w, *w.stride(), *s.stride(), 0, 0, 0],
-                dict(FP8=True, SCALE_N=experts.block[0], SCALE_K=experts.block[1], HAS_ZEROS=False))
-    w, s, z = experts.qweight, experts.scales, experts.zeros
-    return ([w, s, w if z is None else z, *w.stride(), *s.stride(), *((0, 0, 0) if z is None else z.stride())],
-            dict(FP8=False, SCALE_N=1, SCALE_K=experts.group_size, HAS_ZEROS=z is not None))
+        return [experts.weight, experts.scale_inv, experts.weight]
+    return [experts.qweight, experts.scales, experts.qweight if experts.zeros is None else experts.zeros]
+
+
+def _strides(experts: QuantExperts) -> list[int]:
+    """(expert, n, k) strides of the weight and of the scales, then (expert, group, n) of the zero points."""
+    weight, scales, zeros = _pointers(experts)
+    has_zeros = isinstance(experts, W4Experts) and experts.zeros is not None
+    return [*weight.stride(), *scales.stride(), *(zeros.stride() if has_zeros else (0, 0, 0))]
+
+
+def _formats(experts: QuantExperts) -> dict:
+    if isinstance(experts, Fp8Experts):
+        return dict(FP8=True, SCALE_N=experts.block[0], SCALE_K=experts.block[1], HAS_ZEROS=False)
+    return dict(FP8=False, SCALE_N=1, SCALE_K=experts.group_size, HAS_ZEROS=experts.zeros is not None)
 
 
 @triton.jit
-def _expert_tile(w_ptr, s_ptr, z_ptr, n, k, mask, stride_wn, stride_wk, stride_sn, stride_sk, stride_zg, stride_zn,
-                 FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, HAS_ZEROS: tl.constexpr):
+def _expert_rows(w_ptr, s_ptr, z_ptr, n, n_ok, k0, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zg,
+                 stride_zn, FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr,
+                 HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One expert's dequantized [BLOCK_N, BLOCK_K] tile (rows n, columns k0 ..) in float32."""
     if FP8:
-        w = fp8_weight_tile(w_ptr, s_ptr, n, k, mask, stride_wn, stride_wk, stride_sn, stride_sk, SCALE_N, SCALE_K)
+        w = fp8_weight_rows(w_ptr, s_ptr, n, n_ok, k0, K, stride_wn, stride_wk, stride_sn, stride_sk, SCALE_N,
+                            SCALE_K, BLOCK_N, BLOCK_K)
     else:
-        w = w4_weight_tile(w_ptr, s_ptr, z_ptr, n, k, mask, stride_wn, stride_wk, stride_sn, stride_sk, stride_zg,
-                           stride_zn, SCALE_K, HAS_ZEROS)
+        w = w4_weight_rows(w_ptr, s_ptr, z_ptr, n, n_ok, k0, K, stride_wn, stride_wk, stride_sn, stride_sk,
+                           stride_zg, stride_zn, SCALE_K, HAS_ZEROS, BLOCK_N, BLOCK_K)
     return w
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, s_ptr, z_ptr, h_ptr, pair_ids_ptr, block_expert_ptr, num_pairs, stride_xt,
-                    stride_xh, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ze, stride_zg,
-                    stride_zn, stride_hm, HIDDEN: tl.constexpr, INTER: tl.constexpr, SLOTS: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
-                    SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, HAS_ZEROS: tl.constexpr, PRECISION: tl.constexpr):
+def _gate_up_kernel(x_ptr, gw_ptr, gs_ptr, gz_ptr, uw_ptr, us_ptr, uz_ptr, h_ptr, pair_ids_ptr, block_expert_ptr,
+                    num_pairs, stride_xt, stride_xh, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                    stride_ze, stride_zg, stride_zn, stride_hm, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+                    SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                    PRECISION: tl.constexpr):
     block, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:  # past the last used block
@@ -111,22 +136,20 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, z_ptr, h_ptr, pair_ids_ptr, block_exper
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < INTER
     e = expert.to(tl.int64)
-    w, s, z = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    gw, gs, gz = gw_ptr + e * stride_we, gs_ptr + e * stride_se, gz_ptr + e * stride_ze
+    uw, us, uz = uw_ptr + e * stride_we, us_ptr + e * stride_se, uz_ptr + e * stride_ze
     gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < HIDDEN
-        a = tl.load(x_ptr + tokens[:, None] * stride_xt + k[None, :] * stride_xh, mask=real[:, None] & k_ok[None, :],
-                    other=0.0)
-        w_mask = k_ok[:, None] & n_ok[None, :]
-        # [BLOCK_K, BLOCK_N] tiles of the expert's gate rows and up rows (the up rows follow the INTER gate rows).
-        w_gate = _expert_tile(w, s, z, n[None, :], k[:, None], w_mask, stride_wn, stride_wk, stride_sn, stride_sk,
-                              stride_zg, stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS)
-        w_up = _expert_tile(w, s, z, n[None, :] + INTER, k[:, None], w_mask, stride_wn, stride_wk, stride_sn,
-                            stride_sk, stride_zg, stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS)
-        gate = tl.dot(a, w_gate.to(a.dtype), gate, input_precision=PRECISION)
-        up = tl.dot(a, w_up.to(a.dtype), up, input_precision=PRECISION)
+        a = tl.load(x_ptr + tokens[:, None] * stride_xt + k[None, :] * stride_xh,
+                    mask=real[:, None] & (k < HIDDEN)[None, :], other=0.0)
+        w_gate = _expert_rows(gw, gs, gz, n, n_ok, k0, HIDDEN, stride_wn, stride_wk, stride_sn, stride_sk, stride_zg,
+                              stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS, BLOCK_N, BLOCK_K)
+        w_up = _expert_rows(uw, us, uz, n, n_ok, k0, HIDDEN, stride_wn, stride_wk, stride_sn, stride_sk, stride_zg,
+                            stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS, BLOCK_N, BLOCK_K)
+        gate = tl.dot(a, tl.trans(w_gate.to(a.dtype)), gate, input_precision=PRECISION)
+        up = tl.dot(a, tl.trans(w_up.to(a.dtype)), up, input_precision=PRECISION)
     h = gate * tl.sigmoid(gate) * up  # silu(gate) * up; padding rows get 0 (their x was masked to 0)
     tl.store(h_ptr + rows[:, None].to(tl.int64) * stride_hm + n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=n_ok[None, :])
@@ -152,33 +175,43 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, z_ptr, y_ptr, pair_ids_ptr, block_expert_p
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < INTER
-        a = tl.load(h_ptr + rows[:, None].to(tl.int64) * stride_hm + k[None, :], mask=k_ok[None, :], other=0.0)
-        b = _expert_tile(w, s, z, n[None, :], k[:, None], k_ok[:, None] & n_ok[None, :], stride_wn, stride_wk,
-                         stride_sn, stride_sk, stride_zg, stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS)
-        acc = tl.dot(a, b.to(a.dtype), acc, input_precision=PRECISION)
+        a = tl.load(h_ptr + rows[:, None].to(tl.int64) * stride_hm + k[None, :], mask=(k < INTER)[None, :],
+                    other=0.0)
+        b = _expert_rows(w, s, z, n, n_ok, k0, INTER, stride_wn, stride_wk, stride_sn, stride_sk, stride_zg,
+                         stride_zn, FP8, SCALE_N, SCALE_K, HAS_ZEROS, BLOCK_N, BLOCK_K)
+        acc = tl.dot(a, tl.trans(b.to(a.dtype)), acc, input_precision=PRECISION)
     weight = tl.load(weights_ptr + pairs, mask=real, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
     tl.store(y_ptr + pairs[:, None].to(tl.int64) * stride_ym + n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=real[:, None] & n_ok[None, :])
 
 
-def quant_gate_up_silu(x: torch.Tensor, gate_up: QuantExperts, sorted_pair_ids: torch.Tensor,
+def _check(x: torch.Tensor, gate: QuantExperts, up: QuantExperts, down: QuantExperts) -> tuple[int, int, int]:
+    """(E, hidden, I), refusing experts whose formats, shapes or layouts do not agree."""
+    gate_shape, up_shape, down_shape = _shape(gate), _shape(up), _shape(down)
+    num_experts, inter, hidden = gate_shape
+    if up_shape != gate_shape or down_shape != (num_experts, hidden, inter) or x.shape[-1] != hidden:
+        raise ValueError(f"x {tuple(x.shape)}, gate {gate_shape}, up {up_shape}, down {down_shape}: need x [tokens, "
+                         "hidden], gate and up [E, I, hidden], down [E, hidden, I]")
+    if type(gate) is not type(up) or _formats(gate) != _formats(up) or _strides(gate) != _strides(up):
+        raise ValueError("gate and up experts must share one format, block or group, and layout")
+    return num_experts, hidden, inter
+
+
+def quant_gate_up_silu(x: torch.Tensor, gate: QuantExperts, up: QuantExperts, sorted_pair_ids: torch.Tensor,
                        block_expert: torch.Tensor, slots: int, config: TileConfig,
                        out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [tokens, hidden], gate_up dequantizing to [E, 2I, hidden] -> h [sorted rows, I] (rows of unused blocks
+    """x [tokens, hidden], gate and up dequantizing to [E, I, hidden] -> h [sorted rows, I] (rows of unused blocks
     unwritten)."""
-    _, two_inter, hidden = _shape(gate_up)
-    inter = two_inter // 2
+    _, inter, hidden = _shape(gate)
     if out is None:
         out = x.new_empty((sorted_pair_ids.numel(), inter))
-    weight_args, formats = _weight_args(gate_up)
     grid = (block_expert.numel(), triton.cdiv(inter, config.gate_n))
     _gate_up_kernel[grid](
-        x, *weight_args[:3], out, sorted_pair_ids, block_expert, x.shape[0] * slots, x.stride(0), x.stride(1),
-        *weight_args[3:], out.stride(0), HIDDEN=hidden, INTER=inter, SLOTS=slots, BLOCK_M=config.block_m,
+        x, *_pointers(gate), *_pointers(up), out, sorted_pair_ids, block_expert, x.shape[0] * slots, x.stride(0),
+        x.stride(1), *_strides(gate), out.stride(0), HIDDEN=hidden, INTER=inter, SLOTS=slots, BLOCK_M=config.block_m,
         BLOCK_N=config.gate_n, BLOCK_K=config.gate_k, PRECISION=precision(x.dtype), num_warps=config.num_warps,
-        num_stages=config.gate_stages, **formats,
+        num_stages=config.gate_stages, **_formats(gate),
     )
     return out
 
@@ -193,32 +226,52 @@ def quant_down_weighted(h: torch.Tensor, down: QuantExperts, sorted_pair_ids: to
     if out is None:
         out = h.new_empty((num_pairs, hidden))
     h = h.contiguous()  # the loads assume a unit-stride inner dim (free: kernel 1 writes it so)
-    weight_args, formats = _weight_args(down)
     grid = (block_expert.numel(), triton.cdiv(hidden, config.down_n))
     _down_kernel[grid](
-        h, *weight_args[:3], out, sorted_pair_ids, block_expert, pair_weights, num_pairs, h.stride(0),
-        *weight_args[3:], out.stride(0), HIDDEN=hidden, INTER=inter, BLOCK_M=config.block_m, BLOCK_N=config.down_n,
+        h, *_pointers(down), out, sorted_pair_ids, block_expert, pair_weights, num_pairs, h.stride(0),
+        *_strides(down), out.stride(0), HIDDEN=hidden, INTER=inter, BLOCK_M=config.block_m, BLOCK_N=config.down_n,
         BLOCK_K=config.down_k, PRECISION=precision(h.dtype), num_warps=config.num_warps,
-        num_stages=config.down_stages, **formats,
+        num_stages=config.down_stages, **_formats(down),
     )
     return out
 
 
-def quant_fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up: QuantExperts,
-                        down: QuantExperts, block_m: int | None = None) -> torch.Tensor:
+def _aligned(x: torch.Tensor, sorted_pair_ids: torch.Tensor, block_expert: torch.Tensor, weights: torch.Tensor,
+             gate: QuantExperts, up: QuantExperts, down: QuantExperts, config: TileConfig) -> torch.Tensor:
+    tokens, slots = weights.shape
+    h = quant_gate_up_silu(x, gate, up, sorted_pair_ids, block_expert, slots, config)
+    y = quant_down_weighted(h, down, sorted_pair_ids, block_expert, weights.reshape(-1).contiguous(), config)
+    return y.view(tokens, slots, x.shape[1])
+
+
+def quant_fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate: QuantExperts,
+                        up: QuantExperts, down: QuantExperts, block_m: int | None = None) -> torch.Tensor:
     """triton_moe.fused_experts over quantized experts: x [tokens, hidden]; expert_ids, weights [tokens, slots] ->
     the weighted parts [tokens, slots, hidden] in x's dtype (their sum over slots is the MoE's output)."""
     tokens, slots = expert_ids.shape
-    num_experts, _, hidden = _shape(gate_up)
-    if x.shape[-1] != hidden or _shape(down)[2] * 2 != _shape(gate_up)[1]:
-        raise ValueError(f"x {tuple(x.shape)}, gate_up {_shape(gate_up)}, down {_shape(down)}: need x [tokens, "
-                         "hidden], gate_up [E, 2I, hidden], down [E, hidden, I]")
+    num_experts, hidden, _ = _check(x, gate, up, down)
     num_pairs = tokens * slots
     if num_pairs == 0:
         return x.new_zeros((tokens, slots, hidden))
-    config = CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
+    config = QUANT_CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
     num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
     sorted_pair_ids, block_expert, _ = align(expert_ids, num_experts, config.block_m, num_blocks)
-    h = quant_gate_up_silu(x, gate_up, sorted_pair_ids, block_expert, slots, config)
-    y = quant_down_weighted(h, down, sorted_pair_ids, block_expert, weights.reshape(-1).contiguous(), config)
-    return y.view(tokens, slots, hidden)
+    return _aligned(x, sorted_pair_ids, block_expert, weights, gate, up, down, config)
+
+
+def quant_routed_experts(x: torch.Tensor, top_k: int, norm_topk_prob: bool, gate: QuantExperts, up: QuantExperts,
+                         down: QuantExperts, *, logits: torch.Tensor | None = None,
+                         router_weight: torch.Tensor | None = None,
+                         partials: torch.Tensor | None = None) -> torch.Tensor:
+    """triton_moe.routed_experts over quantized experts: routed and aligned by the routing kernels (triton_route;
+    the caller checks fits_routing_kernels, and fits_router_gemv given the weight) from the router's `logits`
+    [tokens, E], or from x and `router_weight` [E, hidden] (`partials`: x's router partials made already)."""
+    assert (logits is None) != (router_weight is None), "the logits or the router's weight, not both"
+    num_experts, _, _ = _check(x, gate, up, down)
+    num_pairs = x.shape[0] * top_k
+    config = QUANT_CONFIGS[pick_block_m(num_pairs, num_experts)]
+    num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
+    _, weights, sorted_pair_ids, block_expert, _ = route_and_align(
+        x if logits is None else logits, top_k, norm_topk_prob, config.block_m, num_blocks, False, router_weight,
+        partials)
+    return _aligned(x, sorted_pair_ids, block_expert, weights, gate, up, down, config)

@@ -4,8 +4,9 @@ Layout (the loader's canonical one, whatever the checkpoint packed): qweight int
 word along K, q(n, k) = (qweight[n, k // 8] >> (4 * (k % 8))) & 0xF; scales [N, K/G] in x's dtype; zeros None
 (symmetric: zero point 8) or int32 [K/G, ceil(N/8)] packed along N, z(g, n) = (zeros[g, n // 8] >> (4 * (n % 8)))
 & 0xF; w[n, k] = (q(n, k) - z(k // G, n)) * scales[n, k // G].
-Each program dequantizes a [BLOCK_N, BLOCK_K] tile in float32 (every element's word, scale and zero gathered: the
-repeated addresses are served from cache, and any group size that is a multiple of 8 works) and multiplies it with x
+Each program dequantizes a [BLOCK_N, BLOCK_K] tile in float32 (w4_weight_rows: each word loaded once, its nibbles
+split in registers; a scale and zero point a row and group where the tile's columns align with the groups, gathered
+per element otherwise, so any group size that is a multiple of 8 works) and multiplies it with x
 in x's dtype; the launch shapes are the FP8 kernel's (engine/ops/triton_fp8.py's dequant_tile): decode (M <= 16)
 streams the weight once in narrow feature slices, a lone row as a GEMV without a tensor-core tile; prefill takes wide
 tiles. Accumulation is float32; the output is cast once to x's dtype. Runs under TRITON_INTERPRET=1 on CPU tensors.
@@ -23,18 +24,56 @@ SYMMETRIC_ZERO = tl.constexpr(8)  # the zero point of a checkpoint that stores n
 
 
 @triton.jit
-def w4_weight_tile(q_ptr, s_ptr, z_ptr, n, k, mask, stride_qn, stride_qk, stride_sn, stride_sg, stride_zg, stride_zn,
-                   GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr):
-    """The float32 weights at broadcastable index tiles n, k: (q - z) * scale, each from its packed word."""
-    words = tl.load(q_ptr + n.to(tl.int64) * stride_qn + (k // 8) * stride_qk, mask=mask, other=0)
-    q = (words >> ((k % 8) * 4)) & 0xF  # the arithmetic shift's sign bits fall outside the mask
-    group = k // GROUP
-    if HAS_ZEROS:
-        zero = (tl.load(z_ptr + group * stride_zg + (n // 8) * stride_zn, mask=mask, other=0) >> ((n % 8) * 4)) & 0xF
+def w4_weight_rows(q_ptr, s_ptr, z_ptr, n, n_ok, k0, K, stride_qn, stride_qk, stride_sn, stride_sg, stride_zg,
+                   stride_zn, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """The float32 weights of rows n ([BLOCK_N]) at columns k0 .. k0 + BLOCK_K (a multiple of 8): [BLOCK_N, BLOCK_K],
+    (q - z) * scale. Each int32 word is loaded once and its eight nibbles split in registers. A tile inside one group
+    (GROUP a multiple of BLOCK_K) or spanning whole groups (BLOCK_K a multiple of GROUP, both powers of two) loads one
+    scale and zero point a row and group; other group sizes gather them per element."""
+    words_k = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    rows = n.to(tl.int64)
+    words = tl.load(q_ptr + rows[:, None] * stride_qn + words_k[None, :] * stride_qk,
+                    mask=n_ok[:, None] & (words_k[None, :] * 8 < K), other=0)
+    shifts = tl.arange(0, 8) * 4
+    # The arithmetic shift's sign bits fall outside the mask; nibble j of word i is column 8 i + j.
+    q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K))
+    zero_shift = (n % 8) * 4
+    if GROUP % BLOCK_K == 0:
+        group = k0 // GROUP
+        scale = tl.load(s_ptr + rows * stride_sn + group * stride_sg, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        if HAS_ZEROS:
+            zero = (tl.load(z_ptr + group * stride_zg + (n // 8) * stride_zn, mask=n_ok, other=0)
+                    >> zero_shift) & 0xF
+            zero = zero[:, None]
+        else:
+            zero = SYMMETRIC_ZERO
+        w = (q - zero).to(tl.float32) * scale
+    elif BLOCK_K % GROUP == 0 and (GROUP & (GROUP - 1)) == 0:
+        groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        group_ok = n_ok[:, None] & (groups[None, :] * GROUP < K)
+        scale = tl.load(s_ptr + rows[:, None] * stride_sn + groups[None, :] * stride_sg, mask=group_ok,
+                        other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zero = (tl.load(z_ptr + groups[None, :] * stride_zg + (n // 8)[:, None] * stride_zn, mask=group_ok,
+                            other=0) >> zero_shift[:, None]) & 0xF
+        else:
+            zero = tl.full([BLOCK_N, BLOCK_K // GROUP], 8, tl.int32)
+        q = tl.reshape(q, (BLOCK_N, BLOCK_K // GROUP, GROUP))
+        w = tl.reshape((q - zero[:, :, None]).to(tl.float32) * scale[:, :, None], (BLOCK_N, BLOCK_K))
     else:
-        zero = SYMMETRIC_ZERO
-    scale = tl.load(s_ptr + n.to(tl.int64) * stride_sn + group * stride_sg, mask=mask, other=0.0)
-    return (q - zero).to(tl.float32) * scale.to(tl.float32)
+        k = k0 + tl.arange(0, BLOCK_K)
+        group = k // GROUP
+        mask = n_ok[:, None] & (k < K)[None, :]
+        scale = tl.load(s_ptr + rows[:, None] * stride_sn + group[None, :] * stride_sg, mask=mask,
+                        other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zero = (tl.load(z_ptr + group[None, :] * stride_zg + (n // 8)[:, None] * stride_zn, mask=mask, other=0)
+                    >> zero_shift[:, None]) & 0xF
+        else:
+            zero = SYMMETRIC_ZERO
+        w = (q - zero).to(tl.float32) * scale
+    return w
 
 
 @triton.jit
@@ -53,8 +92,8 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, stride_xm, stride_xk,
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        w = w4_weight_tile(q_ptr, s_ptr, z_ptr, n[:, None], k[None, :], n_ok[:, None] & k_ok[None, :], stride_qn,
-                           stride_qk, stride_sn, stride_sg, stride_zg, stride_zn, GROUP, HAS_ZEROS)
+        w = w4_weight_rows(q_ptr, s_ptr, z_ptr, n, n_ok, k0, K, stride_qn, stride_qk, stride_sn, stride_sg,
+                           stride_zg, stride_zn, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
         if BLOCK_M == 1:
             x = tl.load(x_ptr + pid_m * stride_xm + k * stride_xk, mask=k_ok, other=0.0)
             products += x.to(tl.float32)[None, :] * w

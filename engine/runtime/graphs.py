@@ -21,6 +21,7 @@ import torch
 
 from engine.layers.caches import LayerCaches
 from engine.layers.moe import QuantizedExperts
+from engine.layers.norm import RMSNorm
 from engine.models import RangeCausalLM
 from engine.step_plan import DecodeBatch, DecodeRows, StepContext, StepPlan
 
@@ -32,11 +33,13 @@ def graph_sizes(max_num_seqs: int) -> list[int]:
 
 
 def can_capture(model: RangeCausalLM, device: torch.device | str) -> bool:
-    """Capture needs every op free of host synchronisation; the grouped experts that make MoE so are bf16-only, and
-    quantized experts still run expert by expert (the hit experts are read on the host)."""
-    weight = next(model.parameters())
-    return (torch.device(device).type == "cuda" and weight.dtype == torch.bfloat16
-            and not any(isinstance(module, QuantizedExperts) for module in model.modules()))
+    """Capture needs every op free of host synchronisation: in bf16 on CUDA the experts' paths are (the grouped
+    experts, the fused Triton ones), quantized experts only on their fused kernels (their loop reads the hit experts
+    on the host). The model's dtype is its norms' (a range may start with an fp8 weight)."""
+    dtype = next(module.weight.dtype for module in model.modules() if isinstance(module, RMSNorm))
+    if torch.device(device).type != "cuda" or dtype != torch.bfloat16:
+        return False
+    return all(module.has_kernels for module in model.modules() if isinstance(module, QuantizedExperts))
 
 
 class StagedInputs:

@@ -24,6 +24,7 @@ W8A16_CASES = [  # rows, N, K, block, tile (None: the shipped one for the rows)
     (17, 70, 96, (128, 128), None),  # the block larger than the whole matrix
     (64, 24, 200, (16, 16), None),
     (5, 50, 160, (32, 48), QuantTile(16, 16, 32, 4, 1)),
+    (64, 40, 320, (32, 64), None),  # one scale a row per 64-wide tile, five of them
 ]
 
 

@@ -75,9 +75,18 @@ def test_a_random_image_of_a_quantized_checkpoint_holds_finite_weights(quantized
     assert bool(weight.float().isfinite().all()) and 0 < float(scale.abs().max()) < 1
 
 
-def test_quantized_experts_keep_a_model_out_of_cuda_graphs(quantized_checkpoint, reference_checkpoint):
-    """Quantized experts run expert by expert, reading the hit experts on the host: no capture for them."""
-    quantized = load_model(quantized_checkpoint("fp8")[0], dtype=torch.bfloat16)
-    assert not can_capture(quantized, "cuda")
+def test_quantized_experts_capture_in_cuda_graphs_only_on_their_kernels(quantized_checkpoint, reference_checkpoint,
+                                                                         monkeypatch):
+    """Quantized experts run the fused quantized kernels on CUDA (no host synchronisation): the model captures. Without
+    those kernels they run expert by expert, reading the hit experts on the host: no capture."""
+    import engine.layers.moe as moe
+
     plain = load_model(reference_checkpoint("qwen3_next_moe")[0], dtype=torch.bfloat16)
-    assert can_capture(plain, "cuda")
+    assert can_capture(plain, "cuda") and not can_capture(plain, "cpu")
+    for fmt in ("fp8", "gptq_asym"):
+        quantized = load_model(quantized_checkpoint(fmt)[0], dtype=torch.bfloat16)
+        assert can_capture(quantized, "cuda")
+        monkeypatch.setattr(moe, "quant_fused_experts", None)
+        assert not can_capture(quantized, "cuda")
+        assert can_capture(plain, "cuda")
+        monkeypatch.undo()
