@@ -40,8 +40,13 @@ from engine.ops.fused import fused
 
 try:
     from engine.ops.triton_moe import fused_experts, routed_experts
-    from engine.ops.triton_moe_quant import (Fp8Experts, QuantExperts, W4Experts, quant_fused_experts,
-                                             quant_routed_experts)
+    from engine.ops.triton_moe_quant import (
+        Fp8Experts,
+        QuantExperts,
+        W4Experts,
+        quant_fused_experts,
+        quant_routed_experts,
+    )
     from engine.ops.triton_route import fits_routing_kernels
     from engine.ops.triton_router import fits_router_gemv, normed_router_partials
 except ImportError:  # no Triton (CPU-only installs): grouped_mm on CUDA bf16, the loop elsewhere
