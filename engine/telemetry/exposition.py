@@ -18,7 +18,7 @@ from prometheus_client.metrics_core import Metric
 from contracts.control import OperationStatus
 from contracts.measurement import STEP_KINDS
 from contracts.telemetry import USED_CATEGORIES
-from engine.telemetry.publisher import validate_snapshot
+from engine.telemetry.schema import validate_snapshot
 
 # Exported even at zero; `queued` only while an operation is (it is queued for an instant).
 OPERATION_STATUSES = tuple(status.value for status in OperationStatus if status is not OperationStatus.QUEUED)

@@ -8,6 +8,7 @@ own checks run on a real listener and a real driver (one CPU rank) in this proce
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import threading
@@ -165,3 +166,17 @@ def test_the_driver_shuts_its_front_end_down_first_on_sigterm(demo_checkpoint):
     front = _front_end(live)
     assert live.stop() == 0
     assert not psutil.pid_exists(front.pid) or front.status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_engine_without_the_redis_client_serves(demo_checkpoint, tmp_path):
+    """Redis is for telemetry only: with the `redis` package unimportable (a stub that raises on import, first on the
+    path of the engine and of its spawned front end and ranks) the engine still starts and completes a request."""
+    stub = tmp_path / "no-redis" / "redis"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('redis is not installed here')\n")
+    path = os.pathsep.join(filter(None, [str(stub.parent), os.environ.get("PYTHONPATH")]))
+    live = LiveService(demo_checkpoint, extra_env={"PYTHONPATH": path})
+    try:
+        assert len(live.complete([5, 6, 7], 4)) == 4
+    finally:
+        live.stop()

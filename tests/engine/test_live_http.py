@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from contracts.measurement import STEP_KINDS, LayoutMeasurement
+from contracts.telemetry import USED_CATEGORIES
 from engine.demo import make_demo_checkpoint
 from engine.llm import LLM
 from engine.runtime.sampler import SamplingParams
 from engine.serve.openai_api import render_chat
-from engine.telemetry.publisher import USED_CATEGORIES
 from tests.support.live_service import LiveService, run_concurrently
 from tests.support.metrics import Samples, scrape
 

@@ -18,7 +18,8 @@ from contracts.layout import Cut
 from contracts.measurement import NO_STEPS, Latency, LayoutMeasurement, PoolFigures, StageStats
 from contracts.telemetry import telemetry_keys
 from engine.telemetry.exposition import SnapshotCollector
-from engine.telemetry.publisher import TelemetryPublisher, recent_since, validate_snapshot
+from engine.telemetry.publisher import TelemetryPublisher, recent_since
+from engine.telemetry.schema import validate_snapshot
 from tests.support.metrics import parse_samples
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
