@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="more Host names /v1 answers to, beside localhost, 127.0.0.1, [::1] and a non-wildcard "
                             "--host ('*': any); others get 421, against DNS rebinding")
     serve.add_argument("--port", type=_positive, default=8100)
+    serve.add_argument("--deterministic", action="store_true",
+                       help="one sequence a step: greedy tokens never depend on what else is served, at batch 1's "
+                            "throughput")
     serve.add_argument("--redis-url", help="publish telemetry here (default: $REDIS_URL; none: no publishing)")
     serve.add_argument("--telemetry-hz", type=float, default=4.0)
     serve.add_argument("--telemetry-channel", default=DEFAULT_CHANNEL, help="Redis pub/sub channel")
@@ -177,7 +180,7 @@ def _serve(args: argparse.Namespace) -> tuple[dict, str]:
 
     run_service(_checkpoint(args.checkpoint), args.rig, args.cut, args.host, args.port,
                 args.redis_url or default_redis_url(), args.telemetry_hz, args.telemetry_channel, args.ladder,
-                args.allow_open_v1, args.state_dir, args.allowed_hosts)
+                args.allow_open_v1, args.state_dir, args.allowed_hosts, args.deterministic)
     return {"stopped": True}, "seam engine stopped"
 
 

@@ -42,7 +42,9 @@ class Completion:
 class LLM:
     def __init__(self, checkpoint: str | Path, *, rig: str | Rig = "cpu-single", memory: str | int | None = None,
                  device: str = "cpu", dtype: torch.dtype | None = None, cuda_graphs: bool = True,
-                 **shape_overrides: int | str):
+                 deterministic: bool = False, **shape_overrides: int | str):
+        """`deterministic`: one sequence a step (engine/runtime/scheduler.py), so a sequence's tokens are its batch-1
+        run's whatever else is submitted."""
         self.checkpoint = Path(checkpoint)
         self.config = ModelConfig.from_pretrained(self.checkpoint)
         self.text = CheckpointText(self.checkpoint, self.config.vocab_size)
@@ -68,7 +70,7 @@ class LLM:
         self.scheduler = Scheduler(
             self.blocks, self.slots, max_num_seqs=self.shape.max_num_seqs,
             max_num_batched_tokens=self.shape.max_num_batched_tokens, max_model_len=self.shape.max_model_len,
-            eos_token_ids=self.text.eos_ids)
+            eos_token_ids=self.text.eos_ids, deterministic=deterministic)
         self.sampler = Sampler()
         self.tokenizer = self.text.tokenizer
         self._next_id = 0

@@ -52,7 +52,9 @@ THROUGHPUT_WINDOW_S = 5.0
 class PipelineDriver:
     def __init__(self, checkpoint: str | Path, rig: Rig, cut: tuple[int, ...] | None = None,
                  shape: ServingShape | None = None, ladder: list[tuple[int, ...]] | None = None,
-                 image: HostImage | None = None):
+                 image: HostImage | None = None, deterministic: bool = False):
+        """`deterministic`: one sequence a step (engine/runtime/scheduler.py), so its tokens never depend on what
+        else is served."""
         self.checkpoint = Path(checkpoint)
         self.config = ModelConfig.from_pretrained(self.checkpoint)
         self.census = self.config.census
@@ -60,6 +62,10 @@ class PipelineDriver:
         self.model_name = self.checkpoint.name
         self._shape = shape or rig.shape
         self.notes: list[str] = []
+        self.deterministic = deterministic
+        if deterministic:
+            self.notes.append("deterministic mode: one sequence a step, so greedy tokens never depend on what else is "
+                              "served (throughput is batch 1's)")
         if cut is None:
             cut, note = rig.incumbent_for(self.config.num_layers)
             self.notes += [note] if note else []
@@ -181,7 +187,8 @@ class PipelineDriver:
             old = getattr(self, "scheduler", None)  # none yet at start-up
             self.scheduler = Scheduler(blocks, slots, max_num_seqs=shape.max_num_seqs,
                                        max_num_batched_tokens=shape.max_num_batched_tokens,
-                                       max_model_len=shape.max_model_len, eos_token_ids=self.eos_ids)
+                                       max_model_len=shape.max_model_len, eos_token_ids=self.eos_ids,
+                                       deterministic=self.deterministic)
             if old is not None:
                 self.scheduler.preemptions = old.preemptions
                 for seq in old.waiting:

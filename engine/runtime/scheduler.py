@@ -8,6 +8,13 @@ Rules (docs/domain.md §11):
 - when decode growth finds the pool dry, the most recently admitted sequence is preempted by
   recompute (its cache is dropped and it re-prefills later); nothing is lost;
 - progress (committed chunks) is counted apart from attempts (times scheduled).
+
+Deterministic mode (`deterministic=True`) trades throughput for tokens that never depend on what else is served: a
+step runs one sequence, the running ones in turn, so every matmul, kernel tile and CUDA graph a sequence meets is the
+one it would meet alone (bf16 GEMMs round differently by batch size, so a shared step can change a greedy token).
+Its prompt is prefilled in chunks of the whole token budget from its own start, and admission reserves its whole
+lifetime's blocks, so it is never preempted and recomputed. A sequence's tokens are then those of a batch-1 run,
+at batch-1 speed per step (the cost is measured in benchmarks/gpu.py's served sweep).
 """
 
 from __future__ import annotations
@@ -47,8 +54,11 @@ class Batch:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, slots: SlotManager, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, eos_token_ids: tuple[int, ...] = ()):
+                 max_num_batched_tokens: int, max_model_len: int, eos_token_ids: tuple[int, ...] = (),
+                 deterministic: bool = False):
         self.blocks, self.slots = blocks, slots
+        self.deterministic = deterministic
+        self._turn = 0  # deterministic mode: which running sequence steps next
         self.max_num_seqs = min(max_num_seqs, slots.num_slots)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -80,6 +90,8 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------
     def schedule(self) -> Batch | None:
+        if self.deterministic:
+            return self._schedule_alone()
         budget = self.max_num_batched_tokens
         batch = Batch([], [], [])
         for seq in list(self.running):
@@ -109,6 +121,27 @@ class Scheduler:
             self._add(batch, seq, count)
             budget -= count
         return batch if batch.seqs else None
+
+    def _schedule_alone(self) -> Batch | None:
+        """Deterministic mode's step: admit what fits whole (first come, first served), then one running sequence,
+        in turn: its next chunk of the prompt, or its next token."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            blocks = self.blocks.blocks_for(seq.lifetime_tokens)
+            if blocks > self.blocks.free_blocks or self.slots.free_slots == 0:
+                break
+            self.waiting.popleft()
+            seq.block_table = self.blocks.allocate(blocks)
+            seq.state_slot = self.slots.allocate()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+        if not self.running:
+            return None
+        seq = self.running[self._turn % len(self.running)]
+        self._turn += 1
+        batch = Batch([], [], [])
+        self._add(batch, seq, min(seq.uncached_tokens, self.max_num_batched_tokens) if seq.in_prefill else 1)
+        return batch
 
     def _add(self, batch: Batch, seq: Sequence, count: int) -> None:
         batch.seqs.append(seq)

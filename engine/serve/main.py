@@ -40,7 +40,7 @@ CONNECT_S = 120.0  # spawning the front end imports torch (the sampler's types):
 def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, port: int,
                 redis_url: str | None, telemetry_hz: float, telemetry_channel: str = DEFAULT_CHANNEL,
                 ladder: str | None = None, allow_open_v1: bool = False, state_dir: Path | None = None,
-                allowed_hosts: tuple[str, ...] = ()) -> None:
+                allowed_hosts: tuple[str, ...] = (), deterministic: bool = False) -> None:
     # Everything the environment and flags decide is checked before the ranks start, so a refusal is immediate.
     credentials = Credentials.from_env()
     for notice in exposure_notices(host, credentials, allow_open_v1):
@@ -54,7 +54,8 @@ def run_service(checkpoint: str | Path, rig: str, cut: str | None, host: str, po
     print(f"seam engine: spent-job ledger {jobs.path} (a captured apply never replays, restarts included); "
           f"witnessed audit heads {witness.path}", flush=True)
     rungs = [Cut.from_text(rung) for rung in ladder.split(";")] if ladder else None
-    driver = PipelineDriver(checkpoint, load_rig(rig), Cut.from_text(cut) if cut else None, ladder=rungs)
+    driver = PipelineDriver(checkpoint, load_rig(rig), Cut.from_text(cut) if cut else None, ladder=rungs,
+                            deterministic=deterministic)
     publisher = None
     if redis_url:
         from engine.telemetry.publisher import TelemetryPublisher
