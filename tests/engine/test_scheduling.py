@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 
 from engine.errors import EngineError, EngineRequestError
 from engine.llm import LLM
@@ -122,3 +123,63 @@ def test_tokens_between_slices_prompt_and_output_as_one_list():
     for start in range(len(whole) + 1):
         for stop in range(start, len(whole) + 1):
             assert seq.tokens_between(start, stop) == whole[start:stop], (start, stop)
+
+
+def _logprobs(completion) -> list[float]:
+    return [entry.logprob for entry in completion.logprobs]
+
+
+def test_deterministic_mode_runs_one_sequence_a_step_and_equals_each_request_alone_bit_for_bit(folder):
+    """Every step holds one sequence, so each request's logprobs (not only its tokens) are exactly its batch-1 run's,
+    in bf16 where a shared step's GEMMs round differently."""
+    prompts, params = _requests(8, seed=3)
+    params = [SamplingParams(max_tokens=p.max_tokens, ignore_eos=True, logprobs=1) for p in params]
+    llm = LLM(folder, deterministic=True, max_num_seqs=4, max_num_batched_tokens=32, dtype=torch.bfloat16)
+    sizes, schedule = [], llm.scheduler.schedule
+
+    def recorded():
+        batch = schedule()
+        sizes.append(len(batch.seqs) if batch else 0)
+        return batch
+
+    llm.scheduler.schedule = recorded
+    batched = llm.generate(prompts, params)
+    assert set(sizes) == {1}
+    alone = LLM(folder, dtype=torch.bfloat16)
+    references = [alone.generate([prompt], param)[0] for prompt, param in zip(prompts, params, strict=True)]
+    for completion, reference in zip(batched, references, strict=True):
+        assert completion.token_ids == reference.token_ids
+        assert _logprobs(completion) == _logprobs(reference)
+    # What the mode is for: the same requests batched as usual round differently from their runs alone.
+    shared = LLM(folder, max_num_seqs=4, max_num_batched_tokens=32, dtype=torch.bfloat16).generate(prompts, params)
+    assert any(_logprobs(a) != _logprobs(b) for a, b in zip(shared, references, strict=True))
+
+
+def test_deterministic_mode_reserves_each_lifetime_so_nothing_is_preempted(folder):
+    """The pool of the preemption test above: admission waits for a whole lifetime's blocks instead."""
+    shape = dict(max_num_seqs=6, max_num_batched_tokens=96, max_model_len=96)
+    llm = LLM(folder, memory=_memory_for_pool(folder, 96, **shape), deterministic=True, **shape)
+    prompts = [[(31 * i + 7 * j) % 128 for j in range(16)] for i in range(6)]
+    params = [SamplingParams(max_tokens=12, ignore_eos=True)] * 6
+    completions = llm.generate(prompts, params)
+    assert llm.scheduler.preemptions == 0
+    assert [c.token_ids for c in completions] == _alone(folder, prompts, params)
+    assert llm.blocks.free_blocks == llm.blocks.num_blocks
+
+
+def test_deterministic_mode_prefills_a_prompt_in_chunks_from_its_own_start():
+    """Chunks of the whole budget from the prompt's start, whatever else is running."""
+    scheduler = Scheduler(BlockManager(64, 4), SlotManager(4), max_num_seqs=4, max_num_batched_tokens=8,
+                          max_model_len=64, deterministic=True)
+    short, long = (Sequence(i, list(range(1, n + 1)), SamplingParams(max_tokens=2)) for i, n in ((0, 3), (1, 20)))
+    scheduler.add(short)
+    scheduler.add(long)
+    steps = []
+    while scheduler.has_work:
+        batch = scheduler.schedule()
+        steps.append([(seq.seq_id, cached, count) for seq, cached, count in
+                      zip(batch.seqs, batch.cached_lens, batch.query_lens, strict=True)])
+        done = {seq.seq_id: 5 for i, seq in enumerate(batch.seqs) if batch.completes_prompt(i)}
+        scheduler.commit(batch, done)
+    assert all(len(step) == 1 for step in steps)
+    assert [step[0][1:] for step in steps if step[0][0] == 1][:3] == [(0, 8), (8, 8), (16, 4)]
