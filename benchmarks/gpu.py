@@ -115,6 +115,9 @@ def main() -> None:
     parser.add_argument("--skip-served", action="store_true", help="leave out the served sweep (`engine serve`)")
     parser.add_argument("--batches", type=lambda text: [int(b) for b in text.split(",")],
                         help="comma-separated batch sizes (default 1,8,64,256; toy 1,2)")
+    parser.add_argument("--deterministic-batch", type=int, default=None,
+                        help="with served: `LLM` and `engine serve` in deterministic mode at this batch (default 64, "
+                             "or the largest batch below it; 0: not run)")
     parser.add_argument("--quantized", type=lambda text: [f for f in text.split(",") if f], default=None,
                         help=f"the checkpoint converted to these formats ({', '.join(quantize_checkpoint.FORMATS)}), "
                              "each run as `LLM` at batch 1 and 64 beside bf16 (default: all; '' for none)")
@@ -172,6 +175,13 @@ def main() -> None:
         result["served"]["workspace_bytes"] = workspace
         print("served:", {k: v for k, v in result["served"].items() if k != "rows"}, flush=True)
         save()
+        below = [b for b in batches if b <= 64]
+        deterministic = args.deterministic_batch if args.deterministic_batch is not None else max(below or batches)
+        if deterministic:
+            result["deterministic"] = deterministic_run(result, ckpt, batches, deterministic, prompt_len, gen_len, rig,
+                                                        memory, args.out, workspace, args.device)
+            print("deterministic:", result["deterministic"], flush=True)
+            save()
     formats = quantize_checkpoint.FORMATS if args.quantized is None else args.quantized
     if formats:
         result["quantized"] = quantized_sweeps(args.checkpoint, formats, [1, 2] if toy else [1, 64], prompt_len,
@@ -187,6 +197,45 @@ def main() -> None:
         print("unfused:", result["unfused_step"], flush=True)
         save()
     write_report(result, args.out)
+
+
+def deterministic_run(result: dict, checkpoint: str, batches: list[int], batch: int, prompt_len: int, gen_len: int,
+                      rig: str, memory: str, out: Path, workspace: int | None, device: str) -> dict:
+    """Deterministic mode at one batch of the sweep's prompts: `LLM` and served (`engine serve --deterministic`), each
+    beside the same batch run as usual; whether served tokens equal `LLM`'s, and whether the usual run's tokens
+    already did (batch composition changing bf16 numerics is why the mode exists)."""
+    llm = in_fresh_process(bench_sweep.deterministic_batch, checkpoint, batches, batch, prompt_len, gen_len, 0, rig,
+                           memory, device)
+    run = served.served_sweep(checkpoint, [batch], prompt_len, gen_len, 0, rig, memory, out, workspace, 1,
+                              deterministic=True, shape_batches=batches)
+    served_row = run["rows"][0]
+    tokens = llm.pop("token_ids")
+    usual = next((row for row in result["engine"]["rows"] if row["batch"] == batch), None)
+    usual_served = next((row for row in result["served"]["rows"] if row.get("batch") == batch), {})
+    report = {"batch": batch, "llm": llm, "served": {k: v for k, v in served_row.items() if k != "token_ids"},
+              "served_tokens_equal": served_row.get("token_ids") == tokens,
+              "usual_llm_tokens_equal": usual is not None and usual["token_ids"] == tokens}
+    for side, row, base in (("llm", llm, usual or {}), ("served", served_row, usual_served)):
+        for rate in ("prefill_tok_s", "decode_tok_s"):
+            if rate in row and base.get(rate):
+                report[f"{side}_{rate}_vs_usual"] = row[rate] / base[rate]
+    return report
+
+
+def deterministic_lines(result: dict) -> list[str]:
+    report = result.get("deterministic")
+    if not report:
+        return []
+    if "error" in report["served"]:
+        return [f"deterministic mode at batch {report['batch']}: served failed: {report['served']['error'][:200]}"]
+    return [f"deterministic mode at batch {report['batch']}: served tokens = LLM's: {report['served_tokens_equal']} "
+            f"(the usual LLM run's already equal: {report['usual_llm_tokens_equal']}); decode tok/s LLM "
+            f"{report['llm']['decode_tok_s']:,.0f} ({report.get('llm_decode_tok_s_vs_usual', float('nan')):.2f}x the "
+            f"usual), served {report['served']['decode_tok_s']:,.0f} "
+            f"({report.get('served_decode_tok_s_vs_usual', float('nan')):.2f}x); prefill tok/s LLM "
+            f"{report['llm']['prefill_tok_s']:,.0f} ({report.get('llm_prefill_tok_s_vs_usual', float('nan')):.2f}x), "
+            f"served {report['served']['prefill_tok_s']:,.0f} "
+            f"({report.get('served_prefill_tok_s_vs_usual', float('nan')):.2f}x)"]
 
 
 def quantized_sweeps(checkpoint: Path, formats: list[str], batches: list[int], prompt_len: int, gen_len: int,
@@ -270,6 +319,7 @@ def write_report(result: dict, out: Path) -> None:
         lines.append(f"batch-1 graph replay alone {step['replay_s'] * 1e3:.3f} ms: the host adds "
                      f"{(step['step_s'] - step['replay_s']) * 1e3:.3f} ms a step")
     lines.append("kernels per layer: " + ", ".join(f"{k} {v:.1f}" for k, v in result["kernels_per_layer"].items()))
+    lines += deterministic_lines(result)
     lines += quantized_lines(result)
     result["table"] = lines
     (out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))

@@ -60,7 +60,8 @@ def free_port() -> int:
 class Service:
     """One `python -m engine serve` process; its output goes to the run's log line by line."""
 
-    def __init__(self, label: str, checkpoint: Path, rig: str, cut: list[int], live: list):
+    def __init__(self, label: str, checkpoint: Path, rig: str, cut: list[int], live: list,
+                 extra_args: tuple[str, ...] = ()):
         self.label, self.port = label, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, CONTROL_TOKEN_ENV: CONTROL_TOKEN, APPROVAL_KEY_ENV: APPROVAL_KEY}
@@ -70,7 +71,7 @@ class Service:
         # spent ids in the default folder for a day (engine/control/job_ledger.py).
         state_dir = tempfile.mkdtemp(prefix=f"seam-bench-{label}-")
         command = [sys.executable, "-m", "engine", "serve", "--checkpoint", str(checkpoint), "--rig", rig,
-                   "--cut", ",".join(map(str, cut)), "--port", str(self.port), "--state-dir", state_dir]
+                   "--cut", ",".join(map(str, cut)), "--port", str(self.port), "--state-dir", state_dir, *extra_args]
         self.command = " ".join(command)
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)

@@ -66,15 +66,19 @@ def rig_file(folder: Path, rig: str, memory: str | None, shape: dict, workspace_
 
 
 def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: int, seed: int, rig: str,
-                 memory: str | None, folder: Path, workspace_bytes: int | None = None, repeat: int = 1) -> dict:
+                 memory: str | None, folder: Path, workspace_bytes: int | None = None, repeat: int = 1,
+                 deterministic: bool = False, shape_batches: list[int] | None = None) -> dict:
     """Each batch `repeat` times, keeping the best prefill and decode rates (as `LLM`'s sweep does: a batch's first
-    run also pays for compiling the step shapes it is the first to bring)."""
+    run also pays for compiling the step shapes it is the first to bring). `deterministic`: `engine serve
+    --deterministic`; `shape_batches`: the batches the serving shape is sized for (default `batches`), so a run of
+    some of the sweep's batches serves the sweep's shape."""
     config = ModelConfig.from_pretrained(checkpoint)
-    shape = serving_shape(batches, prompt_len, gen_len)
+    shape = serving_shape(shape_batches or batches, prompt_len, gen_len)
     live: list[Service] = []
     started = time.perf_counter()
     rig_path = rig_file(folder, rig, memory, shape, workspace_bytes)
-    service = Service("served", Path(checkpoint), str(rig_path), [config.num_layers], live)
+    service = Service("served-deterministic" if deterministic else "served", Path(checkpoint), str(rig_path),
+                      [config.num_layers], live, ("--deterministic",) if deterministic else ())
     # Started (and their imports paid) before any batch: a batch's clock starts at its first request sent.
     clients = ProcessPoolExecutor(CLIENT_PROCESSES, mp_context=get_context("spawn"))
     list(clients.map(abs, range(CLIENT_PROCESSES)))
@@ -107,7 +111,7 @@ def served_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
             except (RuntimeError, TimeoutError, httpx.HTTPError) as error:
                 rows.append({"batch": batch, "error": str(error)[:2000]})
             # Each batch's figures are kept as they come: a run cut off later still leaves them.
-            (folder / "served_rows.json").write_text(json.dumps(rows))
+            (folder / f"served{'_deterministic' if deterministic else ''}_rows.json").write_text(json.dumps(rows))
         state = engine.state()
         engine.close()
     finally:

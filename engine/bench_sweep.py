@@ -50,31 +50,51 @@ def engine_sweep(checkpoint: str, batches: list[int], prompt_len: int, gen_len: 
     params = SamplingParams(max_tokens=gen_len, ignore_eos=True)
     llm.generate([list(range(8))], SamplingParams(max_tokens=4, ignore_eos=True))
     activations = activation_peak(llm, prompt_len, max(batches)) if device == "cuda" else None
-    rows = []
-    for batch in batches:
-        prompts = prompts_for(config.vocab_size, batch, prompt_len, seed)
-        timings = []
-        for _ in range(repeat):
-            seqs = [llm.submit(prompt, params) for prompt in prompts]
-            start = _synced()
-            while not all(seq.output_ids for seq in seqs):
-                llm.step()
-            first = _synced()
-            # Decode is the steady state once every sequence has its first token: a batch prefilled over several
-            # steps has decoded some tokens of its first prompts by then, and those are not counted.
-            decoded = batch * gen_len - sum(len(seq.output_ids) for seq in seqs)
-            while llm.scheduler.has_work:
-                llm.step()
-            timings.append((first - start, (_synced() - first) / decoded))
-        prefill_s, decode_s_per_token = min(t[0] for t in timings), min(t[1] for t in timings)
-        rows.append({"batch": batch, "prefill_s": prefill_s, "decode_s_per_token": decode_s_per_token,
-                     "prefill_tok_s": batch * prompt_len / prefill_s, "decode_tok_s": 1 / decode_s_per_token,
-                     "token_ids": [seq.output_ids for seq in seqs]})
+    rows = [timed_batch(llm, prompts_for(config.vocab_size, batch, prompt_len, seed), params, repeat)
+            for batch in batches]
     return {"build_s": build_s, "graphs": llm.runner.graphs is not None, "rows": rows,
             "prefill_activation_peak_bytes": activations, "planned_workspace_bytes": llm.plan.ranks[0].workspace_bytes,
             "pool_tokens": llm.plan.pool_tokens, "step": batch1_step(llm, config, prompt_len),
             "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
             "profile": profile(llm, prompt_len)}
+
+
+def timed_batch(llm, prompts: list[list[int]], params, repeat: int) -> dict:
+    """One batch through `llm`, `repeat` times: the best prefill time (until every sequence has its first token) and
+    decode rate (the steady state after that), and the tokens."""
+    batch, prompt_len, gen_len = len(prompts), len(prompts[0]), params.max_tokens
+    timings = []
+    for _ in range(repeat):
+        seqs = [llm.submit(prompt, params) for prompt in prompts]
+        start = _synced()
+        while not all(seq.output_ids for seq in seqs):
+            llm.step()
+        first = _synced()
+        # Decode is the steady state once every sequence has its first token: a batch prefilled over several
+        # steps has decoded some tokens of its first prompts by then, and those are not counted.
+        decoded = batch * gen_len - sum(len(seq.output_ids) for seq in seqs)
+        while llm.scheduler.has_work:
+            llm.step()
+        timings.append((first - start, (_synced() - first) / decoded))
+    prefill_s, decode_s_per_token = min(t[0] for t in timings), min(t[1] for t in timings)
+    return {"batch": batch, "prefill_s": prefill_s, "decode_s_per_token": decode_s_per_token,
+            "prefill_tok_s": batch * prompt_len / prefill_s, "decode_tok_s": 1 / decode_s_per_token,
+            "token_ids": [seq.output_ids for seq in seqs]}
+
+
+def deterministic_batch(checkpoint: str, batches: list[int], batch: int, prompt_len: int, gen_len: int, seed: int,
+                        rig: str, memory: str | None, device: str = "cuda") -> dict:
+    """`LLM` in deterministic mode (one sequence a step) on the sweep's prompts of one batch, in the sweep's shape:
+    its rates (the mode's cost beside the sweep's row) and its tokens (what the served deterministic run must give)."""
+    from engine.llm import LLM
+    from engine.runtime.sampler import SamplingParams
+
+    config = ModelConfig.from_pretrained(checkpoint)
+    llm = LLM(checkpoint, rig=rig, memory=memory, device=device, deterministic=True,
+              **serving_shape(batches, prompt_len, gen_len))
+    llm.generate([list(range(8))], SamplingParams(max_tokens=4, ignore_eos=True))
+    return timed_batch(llm, prompts_for(config.vocab_size, batch, prompt_len, seed),
+                       SamplingParams(max_tokens=gen_len, ignore_eos=True), 1)
 
 
 def activation_peak(llm, prompt_len: int, batch: int) -> int:

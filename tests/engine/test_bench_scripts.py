@@ -184,7 +184,13 @@ def test_the_gpu_bench_runs_every_part_at_toy_size(tmp_path):
     weights = [run["step"]["weights_bytes"] for run in (bench["engine"], quantized["fp8"]["engine"],
                                                         quantized["w4a16"]["engine"])]
     assert weights[0] > weights[1] > weights[2] > 0
-    assert len(bench["table"]) == 5 + 1 + 3  # the bf16 table, then the formats' header and one line each
+    # Deterministic mode at the toy's largest batch: served and `LLM` give one another's tokens, at a measured cost.
+    deterministic = bench["deterministic"]
+    assert deterministic["batch"] == 2 and deterministic["served_tokens_equal"] is True
+    assert deterministic["llm"]["decode_tok_s"] > 0 and deterministic["served"]["decode_tok_s"] > 0
+    assert deterministic["llm_decode_tok_s_vs_usual"] > 0 and deterministic["served_decode_tok_s_vs_usual"] > 0
+    # The bf16 table, the deterministic line, then the formats' header and one line each.
+    assert len(bench["table"]) == 5 + 1 + 1 + 3
 
 
 @pytest.mark.slow
