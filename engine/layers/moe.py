@@ -22,7 +22,8 @@ GEMV.
 Quantized experts (engine/layers/quantized.py) are `QuantizedExperts`: gate, up and down each a stack of E. On CUDA in
 half precision they run the same two grouped GEMMs over their quantized tiles (engine/ops/triton_moe_quant.py, the
 routing kernels at decode sizes), so a decode step through them captures in a CUDA graph; elsewhere the reference
-loop. They are never stacked with the shared expert, nor the router merged with a quantized gate.
+loop. A shared expert quantized as they are rides in those kernels as slot E (read from its own tensors, nothing
+stacked) once the router and the shared gate are merged; a quantized gate is never merged.
 """
 
 from __future__ import annotations
@@ -149,13 +150,35 @@ class QuantizedExperts(nn.Module):
     the checkpoint's per-expert tensors). On CUDA in half precision the fused quantized GEMMs; elsewhere each hit
     expert runs once on its tokens, as Experts.looped."""
 
-    has_shared_slot = False
-
     def __init__(self, num_experts: int, gate_proj: QuantizedLinear, up_proj: QuantizedLinear,
                  down_proj: QuantizedLinear):
         super().__init__()
         self.num_experts = num_experts
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        # Set by take_shared(): the shared expert as slot E of the fused kernels, read from its own tensors.
+        self.shared: tuple[QuantizedLinear, QuantizedLinear, QuantizedLinear] | None = None
+
+    @property
+    def has_shared_slot(self) -> bool:
+        return self.shared is not None
+
+    def fits_shared(self, shared: GatedMLP) -> bool:
+        """Whether `shared` can be slot E: each projection quantized as the routed experts' are (same layout class,
+        sizes, block or group, zero points) and no biases."""
+        def same(own: nn.Module, routed: QuantizedLinear) -> bool:
+            return (type(own) is type(routed) and own.bias is None and routed.bias is None
+                    and (own.in_features, own.out_features) == (routed.in_features, routed.out_features)
+                    and getattr(own, "block", None) == getattr(routed, "block", None)
+                    and getattr(own, "group_size", None) == getattr(routed, "group_size", None)
+                    and (getattr(own, "qzeros", None) is None) == (getattr(routed, "qzeros", None) is None))
+
+        return all(same(own, routed) for own, routed in zip(
+            (shared.gate_proj, shared.up_proj, shared.down_proj), (self.gate_proj, self.up_proj, self.down_proj),
+            strict=True))
+
+    def take_shared(self, shared: GatedMLP) -> None:
+        """Run `shared` (fits_shared) as slot E on the fused path; its parameters stay where they are."""
+        self.shared = (shared.gate_proj, shared.up_proj, shared.down_proj)
 
     @classmethod
     def build(cls, linears: Linears, num_experts: int, hidden_size: int, intermediate_size: int
@@ -187,25 +210,26 @@ class QuantizedExperts(nn.Module):
 
     def kernel_experts(self) -> tuple[QuantExperts, QuantExperts, QuantExperts]:
         """gate, up and down as the fused kernels take them (views of the parameters)."""
-        def view(linear: QuantizedLinear) -> QuantExperts:
-            if isinstance(linear, FP8BlockLinear):
-                return Fp8Experts(linear.weight, linear.weight_scale_inv, linear.block)
-            return W4Experts(linear.qweight, linear.scales, linear.qzeros, linear.group_size)
-
-        return view(self.gate_proj), view(self.up_proj), view(self.down_proj)
+        return _kernel_view(self.gate_proj), _kernel_view(self.up_proj), _kernel_view(self.down_proj)
 
     def triton_parts(self, x: torch.Tensor, top_k: int, norm_topk_prob: bool, logits: torch.Tensor | None = None,
                      router_weight: torch.Tensor | None = None, partials: torch.Tensor | None = None
                      ) -> torch.Tensor:
-        """Experts.triton_parts over the quantized experts: the weighted parts [tokens, top_k, hidden]."""
-        experts = self.kernel_experts()
+        """Experts.triton_parts over the quantized experts: the weighted parts [tokens, slots, hidden], top_k routed
+        then the shared expert's when it is slot E (logits [tokens, E + 1], or the merged router's weight)."""
+        experts, shared = self.kernel_experts(), self.has_shared_slot
+        own = tuple(_kernel_view(linear, leading=True) for linear in self.shared) if shared else None
         if router_weight is not None:
             return quant_routed_experts(x, top_k, norm_topk_prob, *experts, router_weight=router_weight,
-                                        partials=partials)
+                                        partials=partials, shared=own)
         if self.routes_in_kernels(x, top_k):
-            return quant_routed_experts(x, top_k, norm_topk_prob, *experts, logits=logits[:, :self.num_experts])
+            return quant_routed_experts(x, top_k, norm_topk_prob, *experts,
+                                        logits=logits[:, :self.num_experts + shared], shared=own)
         expert_ids, weights = route(logits[:, :self.num_experts], top_k, norm_topk_prob)
-        return quant_fused_experts(x, expert_ids, weights, *experts)
+        if shared:
+            expert_ids, weights = with_shared_slot(expert_ids, weights,
+                                                   logits[:, self.num_experts:self.num_experts + 1], self.num_experts)
+        return quant_fused_experts(x, expert_ids, weights, *experts, shared=own)
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
@@ -216,6 +240,16 @@ class QuantizedExperts(nn.Module):
             y = self.down_proj(hidden, expert) * weights[token_idx, slot, None]
             out.index_add_(0, token_idx, y.to(out.dtype))
         return out
+
+
+def _kernel_view(linear: QuantizedLinear, leading: bool = False) -> QuantExperts:
+    """A quantized linear's tensors as the fused kernels take them; `leading`: a 2-D one given an expert dim of 1."""
+    def lead(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return tensor[None] if leading and tensor is not None else tensor
+
+    if isinstance(linear, FP8BlockLinear):
+        return Fp8Experts(lead(linear.weight), lead(linear.weight_scale_inv), linear.block)
+    return W4Experts(lead(linear.qweight), lead(linear.scales), lead(linear.qzeros), linear.group_size)
 
 
 class SparseMoE(nn.Module):
@@ -245,6 +279,9 @@ class SparseMoE(nn.Module):
             self.router_weight = stack_rows([self.gate.weight, self.shared_expert_gate.weight], self.router_weight)
         if self._shared_fits_a_slot():
             self.experts.stack_shared(self.shared_expert)
+        elif (isinstance(self.experts, QuantizedExperts) and self.router_weight is not None
+              and self.experts.fits_shared(self.shared_expert)):
+            self.experts.take_shared(self.shared_expert)
 
     def _shared_fits_a_slot(self) -> bool:
         """Whether the shared expert has a routed expert's shape (Qwen3-Next: both 512 wide), so it can be one:

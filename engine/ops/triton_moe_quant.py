@@ -8,6 +8,9 @@ are the dense formats with a leading expert dim, gate and up apart (as the check
 holds them, engine/layers/quantized.py):
   Fp8Experts  weight float8_e4m3fn [E, N, K], scale_inv float32 [E, ceil(N/bn), ceil(K/bk)], block (bn, bk)
   W4Experts   qweight int32 [E, N, K/8], scales [E, N, K/G] in x's dtype, zeros None or int32 [E, K/G, ceil(N/8)]
+A shared expert of the routed experts' shape and format rides along as expert E (`shared`: its gate, up and down with
+a leading dim of 1): one more slot a token, as triton_moe stacks it, but read from its own tensors (the kernels pick
+its pointers for the blocks of expert E), so no weight is copied.
 Every tile is dequantized in float32 and multiplied in x's dtype with float32 accumulation (W8A16 / W4A16); there is
 no W8A8 expert path yet. The tiles are their own (QUANT_CONFIGS): a dequantized tile sits in shared memory beside
 the raw one, so triton_moe's 16-row tile (gate_k 256, 3 stages) asks 344 KB of an H100's 227 KB.
@@ -119,8 +122,8 @@ def _expert_rows(w_ptr, s_ptr, z_ptr, n, n_ok, k0, K, stride_wn, stride_wk, stri
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, gw_ptr, gs_ptr, gz_ptr, uw_ptr, us_ptr, uz_ptr, h_ptr, pair_ids_ptr, block_expert_ptr,
-                    num_pairs, stride_xt, stride_xh, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+def _gate_up_kernel(x_ptr, gw_ptr, gs_ptr, gz_ptr, uw_ptr, us_ptr, uz_ptr, sgw_ptr, sgs_ptr, sgz_ptr, suw_ptr,
+                    sus_ptr, suz_ptr, h_ptr, pair_ids_ptr, block_expert_ptr, num_pairs, num_routed, stride_xt, stride_xh, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                     stride_ze, stride_zg, stride_zn, stride_hm, HIDDEN: tl.constexpr, INTER: tl.constexpr,
                     SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, HAS_ZEROS: tl.constexpr,
@@ -136,8 +139,11 @@ def _gate_up_kernel(x_ptr, gw_ptr, gs_ptr, gz_ptr, uw_ptr, us_ptr, uz_ptr, h_ptr
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < INTER
     e = expert.to(tl.int64)
-    gw, gs, gz = gw_ptr + e * stride_we, gs_ptr + e * stride_se, gz_ptr + e * stride_ze
-    uw, us, uz = uw_ptr + e * stride_we, us_ptr + e * stride_se, uz_ptr + e * stride_ze
+    if expert == num_routed:  # the shared expert's own tensors
+        gw, gs, gz, uw, us, uz = sgw_ptr, sgs_ptr, sgz_ptr, suw_ptr, sus_ptr, suz_ptr
+    else:
+        gw, gs, gz = gw_ptr + e * stride_we, gs_ptr + e * stride_se, gz_ptr + e * stride_ze
+        uw, us, uz = uw_ptr + e * stride_we, us_ptr + e * stride_se, uz_ptr + e * stride_ze
     gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
@@ -156,7 +162,8 @@ def _gate_up_kernel(x_ptr, gw_ptr, gs_ptr, gz_ptr, uw_ptr, us_ptr, uz_ptr, h_ptr
 
 
 @triton.jit
-def _down_kernel(h_ptr, w_ptr, s_ptr, z_ptr, y_ptr, pair_ids_ptr, block_expert_ptr, weights_ptr, num_pairs, stride_hm,
+def _down_kernel(h_ptr, w_ptr, s_ptr, z_ptr, sw_ptr, ss_ptr, sz_ptr, y_ptr, pair_ids_ptr, block_expert_ptr, weights_ptr,
+                 num_pairs, num_routed, stride_hm,
                  stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ze, stride_zg, stride_zn,
                  stride_ym, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr,
@@ -171,7 +178,10 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, z_ptr, y_ptr, pair_ids_ptr, block_expert_p
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < HIDDEN
     e = expert.to(tl.int64)
-    w, s, z = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
+    if expert == num_routed:
+        w, s, z = sw_ptr, ss_ptr, sz_ptr
+    else:
+        w, s, z = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -186,8 +196,13 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, z_ptr, y_ptr, pair_ids_ptr, block_expert_p
              mask=real[:, None] & n_ok[None, :])
 
 
-def _check(x: torch.Tensor, gate: QuantExperts, up: QuantExperts, down: QuantExperts) -> tuple[int, int, int]:
-    """(E, hidden, I), refusing experts whose formats, shapes or layouts do not agree."""
+Shared = tuple[QuantExperts, QuantExperts, QuantExperts]
+
+
+def _check(x: torch.Tensor, gate: QuantExperts, up: QuantExperts, down: QuantExperts,
+           shared: Shared | None = None) -> tuple[int, int, int]:
+    """(experts the kernels index, the shared one included; hidden; I), refusing experts whose formats, shapes or
+    layouts do not agree."""
     gate_shape, up_shape, down_shape = _shape(gate), _shape(up), _shape(down)
     num_experts, inter, hidden = gate_shape
     if up_shape != gate_shape or down_shape != (num_experts, hidden, inter) or x.shape[-1] != hidden:
@@ -195,83 +210,96 @@ def _check(x: torch.Tensor, gate: QuantExperts, up: QuantExperts, down: QuantExp
                          "hidden], gate and up [E, I, hidden], down [E, hidden, I]")
     if type(gate) is not type(up) or _formats(gate) != _formats(up) or _strides(gate) != _strides(up):
         raise ValueError("gate and up experts must share one format, block or group, and layout")
-    return num_experts, hidden, inter
+    if shared is not None:
+        for routed, own in zip((gate, up, down), shared, strict=True):
+            if (type(own) is not type(routed) or _shape(own)[1:] != _shape(routed)[1:] or _shape(own)[0] != 1
+                    or _formats(own) != _formats(routed) or _strides(own)[1:3] != _strides(routed)[1:3]
+                    or _strides(own)[4:6] != _strides(routed)[4:6] or _strides(own)[7:] != _strides(routed)[7:]):
+                raise ValueError("the shared expert must have one routed expert's shape, format and layout (a "
+                                 "leading dim of 1)")
+    return num_experts + (shared is not None), hidden, inter
 
 
 def quant_gate_up_silu(x: torch.Tensor, gate: QuantExperts, up: QuantExperts, sorted_pair_ids: torch.Tensor,
                        block_expert: torch.Tensor, slots: int, config: TileConfig,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, shared: Shared | None = None) -> torch.Tensor:
     """x [tokens, hidden], gate and up dequantizing to [E, I, hidden] -> h [sorted rows, I] (rows of unused blocks
-    unwritten)."""
-    _, inter, hidden = _shape(gate)
+    unwritten); `shared`'s gate and up serve the blocks of expert E."""
+    num_routed, inter, hidden = _shape(gate)
     if out is None:
         out = x.new_empty((sorted_pair_ids.numel(), inter))
+    own = shared or (gate, up, None)
     grid = (block_expert.numel(), triton.cdiv(inter, config.gate_n))
     _gate_up_kernel[grid](
-        x, *_pointers(gate), *_pointers(up), out, sorted_pair_ids, block_expert, x.shape[0] * slots, x.stride(0),
-        x.stride(1), *_strides(gate), out.stride(0), HIDDEN=hidden, INTER=inter, SLOTS=slots, BLOCK_M=config.block_m,
-        BLOCK_N=config.gate_n, BLOCK_K=config.gate_k, PRECISION=precision(x.dtype), num_warps=config.num_warps,
-        num_stages=config.gate_stages, **_formats(gate),
+        x, *_pointers(gate), *_pointers(up), *_pointers(own[0]), *_pointers(own[1]), out, sorted_pair_ids,
+        block_expert, x.shape[0] * slots, num_routed, x.stride(0), x.stride(1), *_strides(gate), out.stride(0),
+        HIDDEN=hidden, INTER=inter, SLOTS=slots, BLOCK_M=config.block_m, BLOCK_N=config.gate_n, BLOCK_K=config.gate_k,
+        PRECISION=precision(x.dtype), num_warps=config.num_warps, num_stages=config.gate_stages, **_formats(gate),
     )
     return out
 
 
 def quant_down_weighted(h: torch.Tensor, down: QuantExperts, sorted_pair_ids: torch.Tensor,
                         block_expert: torch.Tensor, pair_weights: torch.Tensor, config: TileConfig,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, shared: QuantExperts | None = None) -> torch.Tensor:
     """h [sorted rows, I], down dequantizing to [E, hidden, I], pair_weights [pairs] -> y [pairs, hidden], each
-    pair's row weighted by its routing weight."""
-    _, hidden, inter = _shape(down)
+    pair's row weighted by its routing weight; `shared` serves the blocks of expert E."""
+    num_routed, hidden, inter = _shape(down)
     num_pairs = pair_weights.numel()
     if out is None:
         out = h.new_empty((num_pairs, hidden))
     h = h.contiguous()  # the loads assume a unit-stride inner dim (free: kernel 1 writes it so)
     grid = (block_expert.numel(), triton.cdiv(hidden, config.down_n))
     _down_kernel[grid](
-        h, *_pointers(down), out, sorted_pair_ids, block_expert, pair_weights, num_pairs, h.stride(0),
-        *_strides(down), out.stride(0), HIDDEN=hidden, INTER=inter, BLOCK_M=config.block_m, BLOCK_N=config.down_n,
-        BLOCK_K=config.down_k, PRECISION=precision(h.dtype), num_warps=config.num_warps,
+        h, *_pointers(down), *_pointers(shared or down), out, sorted_pair_ids, block_expert, pair_weights, num_pairs,
+        num_routed, h.stride(0), *_strides(down), out.stride(0), HIDDEN=hidden, INTER=inter, BLOCK_M=config.block_m,
+        BLOCK_N=config.down_n, BLOCK_K=config.down_k, PRECISION=precision(h.dtype), num_warps=config.num_warps,
         num_stages=config.down_stages, **_formats(down),
     )
     return out
 
 
 def _aligned(x: torch.Tensor, sorted_pair_ids: torch.Tensor, block_expert: torch.Tensor, weights: torch.Tensor,
-             gate: QuantExperts, up: QuantExperts, down: QuantExperts, config: TileConfig) -> torch.Tensor:
+             gate: QuantExperts, up: QuantExperts, down: QuantExperts, config: TileConfig,
+             shared: Shared | None) -> torch.Tensor:
     tokens, slots = weights.shape
-    h = quant_gate_up_silu(x, gate, up, sorted_pair_ids, block_expert, slots, config)
-    y = quant_down_weighted(h, down, sorted_pair_ids, block_expert, weights.reshape(-1).contiguous(), config)
+    h = quant_gate_up_silu(x, gate, up, sorted_pair_ids, block_expert, slots, config, shared=shared)
+    y = quant_down_weighted(h, down, sorted_pair_ids, block_expert, weights.reshape(-1).contiguous(), config,
+                            shared=shared[2] if shared else None)
     return y.view(tokens, slots, x.shape[1])
 
 
 def quant_fused_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate: QuantExperts,
-                        up: QuantExperts, down: QuantExperts, block_m: int | None = None) -> torch.Tensor:
+                        up: QuantExperts, down: QuantExperts, block_m: int | None = None,
+                        shared: Shared | None = None) -> torch.Tensor:
     """triton_moe.fused_experts over quantized experts: x [tokens, hidden]; expert_ids, weights [tokens, slots] ->
-    the weighted parts [tokens, slots, hidden] in x's dtype (their sum over slots is the MoE's output)."""
+    the weighted parts [tokens, slots, hidden] in x's dtype (their sum over slots is the MoE's output). With
+    `shared`, id E is the shared expert."""
     tokens, slots = expert_ids.shape
-    num_experts, hidden, _ = _check(x, gate, up, down)
+    num_experts, hidden, _ = _check(x, gate, up, down, shared)
     num_pairs = tokens * slots
     if num_pairs == 0:
         return x.new_zeros((tokens, slots, hidden))
     config = QUANT_CONFIGS[block_m or pick_block_m(num_pairs, num_experts)]
     num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
     sorted_pair_ids, block_expert, _ = align(expert_ids, num_experts, config.block_m, num_blocks)
-    return _aligned(x, sorted_pair_ids, block_expert, weights, gate, up, down, config)
+    return _aligned(x, sorted_pair_ids, block_expert, weights, gate, up, down, config, shared)
 
 
 def quant_routed_experts(x: torch.Tensor, top_k: int, norm_topk_prob: bool, gate: QuantExperts, up: QuantExperts,
                          down: QuantExperts, *, logits: torch.Tensor | None = None,
-                         router_weight: torch.Tensor | None = None,
-                         partials: torch.Tensor | None = None) -> torch.Tensor:
+                         router_weight: torch.Tensor | None = None, partials: torch.Tensor | None = None,
+                         shared: Shared | None = None) -> torch.Tensor:
     """triton_moe.routed_experts over quantized experts: routed and aligned by the routing kernels (triton_route;
     the caller checks fits_routing_kernels, and fits_router_gemv given the weight) from the router's `logits`
-    [tokens, E], or from x and `router_weight` [E, hidden] (`partials`: x's router partials made already)."""
+    [tokens, E], or from x and `router_weight` [E, hidden] (`partials`: x's router partials made already). With
+    `shared` the logits (the weight's rows) are E + 1, the last the shared gate's, and the parts gain its slot."""
     assert (logits is None) != (router_weight is None), "the logits or the router's weight, not both"
-    num_experts, _, _ = _check(x, gate, up, down)
-    num_pairs = x.shape[0] * top_k
+    num_experts, _, _ = _check(x, gate, up, down, shared)
+    num_pairs = x.shape[0] * (top_k + (shared is not None))
     config = QUANT_CONFIGS[pick_block_m(num_pairs, num_experts)]
     num_blocks = num_blocks_for(num_pairs, num_experts, config.block_m)
     _, weights, sorted_pair_ids, block_expert, _ = route_and_align(
-        x if logits is None else logits, top_k, norm_topk_prob, config.block_m, num_blocks, False, router_weight,
-        partials)
-    return _aligned(x, sorted_pair_ids, block_expert, weights, gate, up, down, config)
+        x if logits is None else logits, top_k, norm_topk_prob, config.block_m, num_blocks, shared is not None,
+        router_weight, partials)
+    return _aligned(x, sorted_pair_ids, block_expert, weights, gate, up, down, config, shared)

@@ -97,3 +97,72 @@ def test_malformed_experts_are_refused():
         quant_fused_experts(x, ids, weights, W4Experts(w4.qweight, w4.scales, w4.zeros[..., :-1], 16), w4, down)
     with pytest.raises(ValueError, match="one format"):
         quant_fused_experts(x, ids, weights, w4, gate, down)
+
+
+def _report_shared() -> None:
+    """In the interpreter: a shared expert as slot E (its own tensors, a leading dim of 1) beside the routed ones."""
+    g = torch.Generator().manual_seed(2)
+    for make in (lambda n, k: fp8_experts(n, k, (16, 16), g), lambda n, k: w4_experts(n, k, 16, True, g)):
+        routed = [make(INTER, HIDDEN), make(INTER, HIDDEN), make(HIDDEN, INTER)]
+        own = [make(INTER, HIDDEN), make(INTER, HIDDEN), make(HIDDEN, INTER)]
+        shared = [type(part)(*(t[:1] if isinstance(t, torch.Tensor) else t for t in vars(part).values()))
+                  for part in own]
+        for tokens in (1, 5):
+            x = torch.randn(tokens, HIDDEN, generator=g)
+            ids = torch.rand(tokens, EXPERTS, generator=g).topk(TOP_K, dim=-1).indices
+            ids = torch.cat([ids, torch.full((tokens, 1), EXPERTS)], 1)  # slot TOP_K: the shared expert, id E
+            weights = torch.rand(tokens, TOP_K + 1, generator=g)
+            ours = quant_fused_experts(x, ids, weights, *routed, shared=tuple(shared))
+            dense_all = [torch.cat([dense(r), dense(s)]) for r, s in zip(routed, shared, strict=True)]
+            expected = looped(x, ids, weights.double(), *dense_all)
+            print(float((ours.double() - expected).norm() / expected.norm()))
+
+
+def test_a_shared_expert_rides_as_slot_e_from_its_own_tensors_in_the_interpreter():
+    errors = run_interpreted("import tests.engine.test_kernel_moe_quant as t; t._report_shared()")
+    assert len(errors) == 4
+    assert max(errors) < 1e-4, errors
+
+
+def test_a_shared_expert_of_another_shape_is_refused():
+    g = torch.Generator().manual_seed(3)
+    routed = [fp8_experts(INTER, HIDDEN, (16, 16), g), fp8_experts(INTER, HIDDEN, (16, 16), g),
+              fp8_experts(HIDDEN, INTER, (16, 16), g)]
+    wide = [fp8_experts(2 * INTER, HIDDEN, (16, 16), g), fp8_experts(2 * INTER, HIDDEN, (16, 16), g),
+            fp8_experts(HIDDEN, 2 * INTER, (16, 16), g)]
+    shared = tuple(Fp8Experts(part.weight[:1], part.scale_inv[:1], part.block) for part in wide)
+    x, ids, weights = torch.randn(2, HIDDEN), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1)
+    with pytest.raises(ValueError, match="shared expert"):
+        quant_fused_experts(x, ids, weights, *routed, shared=shared)
+
+
+def _report_layer(fmt: str) -> None:
+    """In the interpreter: a quantized checkpoint's MoE layer on the fused path (shared expert as slot E, the router
+    merged with its gate) against the same layer's reference path (the expert loop, the shared expert's own MLP)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch.nn.functional as F
+
+    from engine.layers.moe import SparseMoE
+    from engine.loader import load_model
+    from tests.support.engine_checkpoints import reference_model
+    from tests.support.quant_checkpoints import write_quantized
+
+    # The shared expert as wide as a routed one (Qwen3-Next's 512 and 512), so it fits a slot.
+    model = reference_model("qwen3_next_moe", shared_expert_intermediate_size=32)
+    folder, _ = write_quantized(model, Path(tempfile.mkdtemp()), fmt)
+    moe = next(m for m in load_model(folder).modules() if isinstance(m, SparseMoE))
+    x = torch.randn(5, moe.gate.in_features, generator=torch.Generator().manual_seed(4))
+    expected = moe(x)
+    moe.merge_projections()
+    print(float(moe.experts.has_shared_slot))
+    parts = moe.experts.triton_parts(x, moe.top_k, moe.norm_topk_prob, logits=F.linear(x, moe.router_weight))
+    print(float((parts.sum(1) - expected).norm() / expected.norm()))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "gptq_asym"])
+def test_a_quantized_moe_layer_runs_its_shared_expert_in_the_fused_kernels(fmt):
+    has_slot, error = run_interpreted(f"import tests.engine.test_kernel_moe_quant as t; t._report_layer({fmt!r})")
+    assert has_slot == 1.0
+    assert error < 1e-4

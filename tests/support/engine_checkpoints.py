@@ -47,10 +47,11 @@ CASES: dict[str, tuple[str, dict]] = {
 }
 
 
-def reference_model(case: str, seed: int = 0) -> transformers.PreTrainedModel:
-    """The transformers model of a case, seeded, fp32, eval, with every norm and gate bias moved off its init."""
+def reference_model(case: str, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
+    """The transformers model of a case (its config fields changed by `overrides`), seeded, fp32, eval, with every
+    norm and gate bias moved off its init."""
     config_class, fields = CASES[case]
-    config = getattr(transformers, config_class)(**fields)
+    config = getattr(transformers, config_class)(**{**fields, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
