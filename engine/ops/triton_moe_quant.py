@@ -124,7 +124,8 @@ def _expert_rows(w_ptr, s_ptr, z_ptr, n, n_ok, k0, K, stride_wn, stride_wk, stri
 @triton.jit
 def _gate_up_kernel(x_ptr, gw_ptr, gs_ptr, gz_ptr, uw_ptr, us_ptr, uz_ptr, sgw_ptr, sgs_ptr, sgz_ptr, suw_ptr,
                     sus_ptr, suz_ptr, h_ptr, pair_ids_ptr, block_expert_ptr, num_pairs, num_routed, stride_xt,
-                    stride_xh, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ze, stride_zg, stride_zn, stride_hm, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+                    stride_xh, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ze,
+                    stride_zg, stride_zn, stride_hm, HIDDEN: tl.constexpr, INTER: tl.constexpr,
                     SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     FP8: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, HAS_ZEROS: tl.constexpr,
                     PRECISION: tl.constexpr):
