@@ -180,3 +180,23 @@ def test_an_engine_without_the_redis_client_serves(demo_checkpoint, tmp_path):
         assert len(live.complete([5, 6, 7], 4)) == 4
     finally:
         live.stop()
+
+
+def test_engine_serve_deterministic_says_so_and_gives_each_request_its_tokens_alone(demo_checkpoint, engine):
+    """`engine serve --deterministic` through the split front end: concurrent requests each get the tokens the
+    shared engine gives them one at a time, and the state's notes name the mode."""
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [1, 2]]
+    alone = [engine.complete(prompt, 6) for prompt in prompts]
+    live = LiveService(demo_checkpoint, extra_args=("--deterministic",))
+    try:
+        assert any("deterministic mode" in note for note in live.state()["notes"])
+        results: dict[int, list[int]] = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, live.complete(prompts[i], 6)))
+                   for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert [results.get(i) for i in range(len(prompts))] == alone
+    finally:
+        live.stop()
