@@ -526,3 +526,16 @@ def test_the_held_out_timing_table_comes_from_the_runs_raw_samples():
     assert figures == {"decode": (0.007, 0.01), "prefill": (0.076, 0.174)}
     doc = (ROOT / "docs/benchmarks.md").read_text()
     assert "| decode (batch 4) | 0.7% | 1.0% |" in doc and "| prefill (512 tokens) | 7.6% | 17.4% |" in doc
+
+
+def test_the_quantized_divergence_script_compares_every_module(tmp_path):
+    """benchmarks/quant_divergence.py on the CPU (its bf16 run there too): each format's logits and modules, compared
+    whole; the CPU's bf16 is its own reference path, so both bf16 runs agree exactly."""
+    done = subprocess.run([sys.executable, "benchmarks/quant_divergence.py", "--device", "cpu", "--formats",
+                           "gptq_asym", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "quant_divergence.json").read_text())["gptq_asym"]
+    assert 0 < result["gpu"] == result["cpu_bf16"] == result["gpu_reference_paths"] < 0.1
+    names = [row["module"] for row in result["gpu_modules"]]
+    assert "layers.0.mlp.experts" in names and "lm_head" in names
+    assert all(isinstance(row["error"], float) for row in result["gpu_modules"])
