@@ -9,7 +9,9 @@ the random checkpoint made in place in shared host memory (HostImage.random, nev
 start at the planner's refused cuts; the incumbent started, compared per rank, warmed up and compared again; the
 refused cuts refused by the engine's plan and apply; live cut changes under load, back to the incumbent, and a shape
 change under load, each compared per rank and every request accounted for; then a two-rung ladder on a smaller model,
-each switch timed against its predicted cost. Everything goes to <out>/rig_h200.json, the log to <out>/rig_h200.log.
+each switch timed against its predicted cost; last, the model converted to block-scaled FP8 as Qwen publishes it
+(QUANTIZED) started at the incumbent, warmed up and compared per rank again (--skip-quantized leaves it out).
+Everything goes to <out>/rig_h200.json, the log to <out>/rig_h200.log.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from solvers.census import CONFIG_DIR  # noqa: E402
 from solvers.frontier import compute_frontier  # noqa: E402
 from solvers.rig import Rig, load_rig  # noqa: E402
 
+# Qwen's fp8 checkpoints: 128 x 128 blocks, the routers, the shared experts' gates, GDN's small in_proj_ba and lm_head
+# kept at the model dtype (bare module names: every layer's).
+QUANTIZED = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+             "modules_to_not_convert": ["lm_head", "mlp.gate", "mlp.shared_expert_gate", "linear_attn.in_proj_ba"]}
 # Moves: frontier cuts of the planner, the first one the change that ran out of memory on 2026-12-02, the last one
 # back to the incumbent. Refused: a pool too small for one sequence, and a rank over its budget (two reasons).
 FULL = {"config": "reference-hybrid-64", "overrides": {}, "rig": "reference-h200", "incumbent": [28, 20, 16],
@@ -47,8 +53,10 @@ FULL = {"config": "reference-hybrid-64", "overrides": {}, "rig": "reference-h200
         # seconds a step may take, and what it usually needs (2026-12-04: image 12-20 s, start 99-116 s and warm-up
         # 116-142 s, the ranks capturing decode graphs at build and compiling kernels)
         "budgets": {"h2d": 40, "image": 120, "refused_at_start": 30, "start": 300, "warmup": 240,
-                    "refused_by_engine": 30, "move": 120, "shape": 120, "shutdown": 60, "ladder": 240},
-        "needs": {"start": 120, "warmup": 150, "move": 20, "shape": 20, "shutdown": 20, "ladder": 120}}
+                    "refused_by_engine": 30, "move": 120, "shape": 120, "shutdown": 60, "ladder": 240,
+                    "quantized": 300},
+        "needs": {"start": 120, "warmup": 150, "move": 20, "shape": 20, "shutdown": 20, "ladder": 120,
+                  "quantized": 200}}
 # The same steps on the CPU demo rig: [7,5,4] -> [8,4,4] grows rank 1's pool past what its budget could hold beside
 # the old one, the case that ran out of memory on the H200; the ladder model has another depth than the rig's incumbent.
 TOY = {"config": "demo-hybrid-16", "overrides": {}, "rig": "cpu-demo", "incumbent": [7, 5, 4],
@@ -56,8 +64,8 @@ TOY = {"config": "demo-hybrid-16", "overrides": {}, "rig": "cpu-demo", "incumben
        "shape": {"max_num_seqs": 4, "max_model_len": 4096}, "prompt": 16, "tokens": 6, "width": 4,
        "ladder": {"overrides": {"num_hidden_layers": 12}, "rungs": [[5, 4, 3], [6, 3, 3]]},
        "budgets": {"h2d": 40, "image": 60, "refused_at_start": 30, "start": 120, "warmup": 120,
-                   "refused_by_engine": 30, "move": 90, "shape": 90, "shutdown": 60, "ladder": 180},
-       "needs": {"start": 20, "warmup": 10, "move": 5, "shape": 5, "shutdown": 5, "ladder": 20}}
+                   "refused_by_engine": 30, "move": 90, "shape": 90, "shutdown": 60, "ladder": 180, "quantized": 180},
+       "needs": {"start": 20, "warmup": 10, "move": 5, "shape": 5, "shutdown": 5, "ladder": 20, "quantized": 30}}
 
 
 def write_config(name: str, overrides: dict, folder: Path) -> Path:
@@ -98,6 +106,7 @@ def main() -> None:
     parser = run_arguments(__doc__, 510.0)
     parser.add_argument("--skip-ladder", action="store_true",
                         help="the rig's steps only, with the ladder's time left to them (a ladder measured before)")
+    parser.add_argument("--skip-quantized", action="store_true", help="leave out the FP8 model's start")
     args = parser.parse_args()
     case = TOY if args.toy else FULL
     record, live = begin_run(args, "rig_h200", case, environment(args.device))
@@ -105,6 +114,9 @@ def main() -> None:
     run_rig(case, args, record, steps, live)
     if not args.skip_ladder:
         run_ladder(case, args, record, steps, live)
+    if not args.skip_quantized:
+        steps.run("quantized", case["budgets"]["quantized"], run_quantized, case, args, record.data, live,
+                  engine=False, need_s=case["needs"]["quantized"])
     record.data["summary"] = summary(record.data)
     record.save()
     print(json.dumps(record.data["summary"], indent=1, default=str), flush=True)
@@ -112,8 +124,9 @@ def main() -> None:
 
 def run_rig(case: dict, args, record: Record, steps: Steps, live: list) -> None:
     data, budgets, needs = record.data, case["budgets"], case["needs"]
-    # the rig's steps leave the ladder the time it needs
-    ladder_reserve = needs["shutdown"] + (0 if args.skip_ladder else needs["ladder"])
+    # the rig's steps leave the ladder and the quantized model the time they need
+    ladder_reserve = (needs["shutdown"] + (0 if args.skip_ladder else needs["ladder"])
+                      + (0 if args.skip_quantized else needs["quantized"]))
     if args.device == "cuda" and not args.skip_ladder:  # the host link is what a ladder switch uses
         data["h2d"] = steps.run("h2d", budgets["h2d"], rig_engine.h2d_bandwidth, 4.0, engine=False)
     folder = write_config(case["config"], case["overrides"], args.work / case["config"])
@@ -171,6 +184,27 @@ def stop_rig(driver, load: Load, data: dict, live: list) -> None:
         live.remove(driver)
 
 
+def run_quantized(case: dict, args, data: dict, live: list) -> None:
+    """The model as block-scaled FP8 (its host image random in the formats' own dtypes): started at the incumbent,
+    each rank's allocation compared with the planner's prediction, then again after a wave of requests."""
+    overrides = {**case["overrides"], "quantization_config": QUANTIZED}
+    folder = write_config(case["config"], overrides, args.work / (case["config"] + "-fp8"))
+    rig = rig_for(case["rig"], args.device)
+    out = data["quantized"] = {"quantization_config": QUANTIZED, "start": {}, "warmup": {}}
+    image = HostImage.random(ModelConfig.from_pretrained(folder))
+    out["image_bytes"] = image.bytes
+    driver = rig_engine.start(folder, rig, case["incumbent"], image, out["start"], live)
+    try:
+        rig_engine.warmup(driver, case["prompt"], case["tokens"], case["width"], out["warmup"])
+    finally:
+        driver.shutdown()
+        driver.loop.join(timeout=30.0)
+        for process in driver.ranks.processes:
+            if process.is_alive():
+                process.kill()
+        live.remove(driver)
+
+
 def run_ladder(case: dict, args, record: Record, steps: Steps, live: list) -> None:
     data, ladder = record.data, case["ladder"]
     folder = write_config(case["config"], ladder["overrides"], args.work / (case["config"] + "-ladder"))
@@ -194,6 +228,8 @@ def summary(data: dict) -> dict:
     ladder = data.get("ladder") or {}
     return {"steps": {name: step["status"] for name, step in data.get("steps", {}).items()}, "cuts": rows,
             "refused_at_start": [(r["cut"], r.get("agree")) for r in data.get("refused_at_start", [])],
+            "quantized": {moment: ((data.get("quantized") or {}).get(moment) or {}).get("compare", {}).get("exact")
+                          for moment in ("start", "warmup")},
             "refused_by_engine": [(r["cut"], r.get("agree")) for r in data.get("refused_by_engine", [])],
             "shape": (data.get("shape") or {}).get("status"),
             "load": {k: v for k, v in (data.get("load") or {}).items() if k != "requests"},

@@ -48,9 +48,22 @@ def toy_run(tmp_path_factory):
 def test_every_step_of_the_rig_run_succeeds_at_toy_size(toy_run):
     steps = toy_run["steps"]
     assert set(steps) == {"image", "refused_at_start", "start", "warmup", "refused_by_engine", "cut 8,4,4",
-                          "cut 9,3,4", "cut 7,5,4", "shape", "shutdown", "ladder"}
+                          "cut 9,3,4", "cut 7,5,4", "shape", "shutdown", "ladder", "quantized"}
     assert {name: step["status"] for name, step in steps.items()} == dict.fromkeys(steps, "ok")
     assert "aborted" not in toy_run and toy_run["summary"]["steps"] == dict.fromkeys(steps, "ok")
+
+
+@pytest.mark.slow
+def test_the_fp8_model_allocates_exactly_what_the_planner_priced_on_every_rank(toy_run):
+    """The rig run's quantized case: the model as block-scaled FP8 started at the incumbent, served a wave, and every
+    rank's weights, state and KV pool equal to the prediction at both moments, its weights under bf16's."""
+    quantized = toy_run["quantized"]
+    assert quantized["quantization_config"]["weight_block_size"] == [128, 128]
+    assert toy_run["summary"]["quantized"] == {"start": True, "warmup": True}
+    assert quantized["warmup"]["finish_reasons"] == ["length"] * 4 and not quantized["warmup"]["errors"]
+    fp8 = sum(row["weights"]["allocated"] for row in quantized["start"]["compare"]["ranks"])
+    bf16 = sum(row["weights"]["allocated"] for row in toy_run["start"]["compare"]["ranks"])
+    assert 0 < fp8 < bf16
 
 
 @pytest.mark.slow
@@ -243,8 +256,14 @@ def test_every_planned_step_of_the_run_is_what_the_planner_says(size, tmp_path):
     timing = default_timing(rig, rig.incumbent_for(ladder_census.num_layers)[0], [])
     ladder = price_ladder(ladder_census, rig, case["ladder"]["rungs"], rig.shape, timing=timing)
     assert all(rung.pool.feasible for rung in ladder.rungs)
+    # The FP8 model fits the incumbent, with a larger pool than bf16's (its weights are about half).
+    fp8 = ModelConfig.from_pretrained(rig_h200.write_config(
+        case["config"], {**case["overrides"], "quantization_config": rig_h200.QUANTIZED}, tmp_path / "fp8")).census
+    assert fp8.quantization is not None and fp8.weight_bytes_total < census.weight_bytes_total
+    fp8_pool = CutPricer(fp8, rig).price(case["incumbent"])
+    assert fp8_pool.feasible and fp8_pool.pool_tokens > CutPricer(census, rig).price(case["incumbent"]).pool_tokens
     steps = {"h2d", "image", "refused_at_start", "start", "warmup", "refused_by_engine", "move", "shape", "shutdown",
-             "ladder"}
+             "ladder", "quantized"}
     assert set(case["budgets"]) == steps and set(case["needs"]) <= steps
     assert all(case["needs"][step] < case["budgets"][step] for step in case["needs"])
 
