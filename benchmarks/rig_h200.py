@@ -175,13 +175,18 @@ def stop_rig(driver, load: Load, data: dict, live: list) -> None:
             if "in_flight_at_apply" in entry:
                 entry["in_flight_outcomes"] = load.outcomes(entry["in_flight_at_apply"])
     finally:
-        driver.shutdown()
-        # An operation stuck past its step's budget may still be restoring (and restarting ranks): end it too.
-        driver.loop.join(timeout=30.0)
-        for process in driver.ranks.processes:
-            if process.is_alive():
-                process.kill()
-        live.remove(driver)
+        stop_driver(driver, live)
+
+
+def stop_driver(driver, live: list) -> None:
+    """Stop the driver and its ranks, and take it off the watchdog's list."""
+    driver.shutdown()
+    # An operation stuck past its step's budget may still be restoring (and restarting ranks): end it too.
+    driver.loop.join(timeout=30.0)
+    for process in driver.ranks.processes:
+        if process.is_alive():
+            process.kill()
+    live.remove(driver)
 
 
 def run_quantized(case: dict, args, data: dict, live: list) -> None:
@@ -197,12 +202,7 @@ def run_quantized(case: dict, args, data: dict, live: list) -> None:
     try:
         rig_engine.warmup(driver, case["prompt"], case["tokens"], case["width"], out["warmup"])
     finally:
-        driver.shutdown()
-        driver.loop.join(timeout=30.0)
-        for process in driver.ranks.processes:
-            if process.is_alive():
-                process.kill()
-        live.remove(driver)
+        stop_driver(driver, live)
 
 
 def run_ladder(case: dict, args, record: Record, steps: Steps, live: list) -> None:

@@ -112,11 +112,7 @@ class Scheduler:
             blocks = self.blocks.blocks_for(seq.num_tokens)
             if blocks > self.blocks.free_blocks or self.slots.free_slots == 0:
                 break  # first come, first served: no overtaking, no starvation
-            self.waiting.popleft()
-            seq.block_table = self.blocks.allocate(blocks)
-            seq.state_slot = self.slots.allocate()
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+            self._admit(blocks)
             count = min(seq.num_tokens, budget)
             self._add(batch, seq, count)
             budget -= count
@@ -130,11 +126,7 @@ class Scheduler:
             blocks = self.blocks.blocks_for(seq.lifetime_tokens)
             if blocks > self.blocks.free_blocks or self.slots.free_slots == 0:
                 break
-            self.waiting.popleft()
-            seq.block_table = self.blocks.allocate(blocks)
-            seq.state_slot = self.slots.allocate()
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+            self._admit(blocks)
         if not self.running:
             return None
         seq = self.running[self._turn % len(self.running)]
@@ -142,6 +134,14 @@ class Scheduler:
         batch = Batch([], [], [])
         self._add(batch, seq, min(seq.uncached_tokens, self.max_num_batched_tokens) if seq.in_prefill else 1)
         return batch
+
+    def _admit(self, blocks: int) -> None:
+        """The first waiting sequence running, with `blocks` KV blocks and a state slot (the caller checked both)."""
+        seq = self.waiting.popleft()
+        seq.block_table = self.blocks.allocate(blocks)
+        seq.state_slot = self.slots.allocate()
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
 
     def _add(self, batch: Batch, seq: Sequence, count: int) -> None:
         batch.seqs.append(seq)
