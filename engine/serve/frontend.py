@@ -30,6 +30,10 @@ log = logging.getLogger("seam.engine")
 
 # Open streams would hold a graceful shutdown forever; give them a few seconds to finish.
 GRACEFUL_S = 5
+# Longer than any client keeps an idle connection (httpx, hence the console and the `openai` client: 5 s; proxies: up
+# to 60 s), so the client closes it first: at uvicorn's default of 5 s the two timers race, and a request sent as the
+# server closes comes back "Server disconnected without sending a response".
+KEEP_ALIVE_S = 75
 
 
 def frontend_main(spec: FrontEndSpec) -> None:
@@ -41,7 +45,7 @@ def frontend_main(spec: FrontEndSpec) -> None:
     app = build_app(driver, spec.credentials, spec.max_body_bytes, JobLedger(spec.state_dir), spec.allowed_hosts,
                     AuditWitness(spec.state_dir), spec.chat_max_tokens)
     server = uvicorn.Server(uvicorn.Config(app, host=spec.host, port=spec.port, log_level="warning",
-                                           timeout_graceful_shutdown=GRACEFUL_S))
+                                           timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S))
     threading.Thread(target=_stop_when_lost, args=(driver, server), name="seam-driver-watch", daemon=True).start()
     try:
         server.run()

@@ -8,6 +8,7 @@ tests/security/test_engine_credentials.py; this service holds the test session's
 
 import json
 import random
+import socket
 import time
 
 import httpx
@@ -242,6 +243,34 @@ def test_a_client_that_disconnects_mid_stream_does_not_wedge_the_engine(service,
 def _busy(service) -> bool:
     samples = _metrics(service)
     return samples[("seam_num_requests_running", ())] + samples[("seam_num_requests_waiting", ())] > 0
+
+
+def _healthz_on(connection: socket.socket, host: str) -> bytes:
+    """One GET /healthz on an open connection, kept alive; returns the status line (b"" if the server had closed it)."""
+    connection.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = connection.recv(4096)
+        if not chunk:
+            return b""
+        reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = int(next(line.split(b":")[1] for line in lines if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += connection.recv(4096)
+    return lines[0]
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(service):
+    # httpx (the console's client, the `openai` client's) drops an idle connection after 5 s. Were the server's timer
+    # as short, a request sent as it fires meets a closed socket ("Server disconnected without sending a response"),
+    # which once failed a console test in CI; the server must be the one that waits longer.
+    host = service.url.removeprefix("http://")
+    with socket.create_connection(("127.0.0.1", service.port), timeout=30) as connection:
+        assert _healthz_on(connection, host) == b"HTTP/1.1 200 OK"
+        time.sleep(httpx.Limits().keepalive_expiry + 1.5)
+        assert _healthz_on(connection, host) == b"HTTP/1.1 200 OK"
 
 
 def test_a_non_streaming_client_that_disconnects_is_cancelled(service):
