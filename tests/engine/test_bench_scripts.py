@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import quant_divergence
 from benchmarks.rig_compare import compare, transition
 from benchmarks.rig_steps import Record, Steps
 from engine.config import ModelConfig
@@ -549,12 +550,14 @@ def test_the_held_out_timing_table_comes_from_the_runs_raw_samples():
 
 def test_the_quantized_divergence_script_compares_every_module(tmp_path):
     """benchmarks/quant_divergence.py on the CPU (its bf16 run there too): each format's logits and modules, compared
-    whole; the CPU's bf16 is its own reference path, so both bf16 runs agree exactly."""
+    whole; the CPU's bf16 is its own reference path, so both bf16 runs agree exactly, with any fast path off too."""
     done = subprocess.run([sys.executable, "benchmarks/quant_divergence.py", "--device", "cpu", "--formats",
                            "gptq_asym", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "quant_divergence.json").read_text())["gptq_asym"]
-    assert 0 < result["gpu"] == result["cpu_bf16"] == result["gpu_reference_paths"] < 0.1
+    assert 0 < result["gpu"] == result["cpu_bf16"] < 0.1
+    assert set(result["gpu_without"]) == set(quant_divergence.FAST_PATHS)
+    assert all(error == result["gpu"] for error in result["gpu_without"].values())
     names = [row["module"] for row in result["gpu_modules"]]
     assert "layers.0.mlp.experts" in names and "lm_head" in names
     assert all(isinstance(row["error"], float) for row in result["gpu_modules"])
