@@ -57,9 +57,11 @@ FAST_PATHS = {
 }
 
 
-def run(folder: Path, device: str, dtype: torch.dtype, prompt: list[int], token: int) -> tuple[torch.Tensor, dict]:
-    """The prefill's logits then one decode step's on `token` (the same token for every run, so a different argmax
-    never makes the difference), and each hooked module's first output, all moved to the CPU in float32."""
+def run(folder: Path, device: str, dtype: torch.dtype, prompt: list[int], token: int | None = None
+        ) -> tuple[torch.Tensor, dict, int]:
+    """The prefill's logits then one decode step's on `token` (default: the prefill's argmax; the runs under test
+    take the reference's, so a different argmax never makes the difference), each hooked module's first output (all
+    moved to the CPU in float32), and the token."""
     model = load_model(folder, device=device, dtype=dtype)
     outputs: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
@@ -71,7 +73,8 @@ def run(folder: Path, device: str, dtype: torch.dtype, prompt: list[int], token:
             module.register_forward_hook(keep)
     runner = TinyRunner(model, device=device)
     prefill = runner.step({"a": prompt}, all_logits=True)
-    return torch.cat([prefill.float().cpu(), runner.step({"a": [token]}).float().cpu()]), outputs
+    token = int(prefill[-1].argmax()) if token is None else token
+    return torch.cat([prefill.float().cpu(), runner.step({"a": [token]}).float().cpu()]), outputs, token
 
 
 @contextlib.contextmanager
@@ -113,11 +116,9 @@ def main() -> None:
     result = {}
     for fmt in args.formats.split(","):
         folder, _ = write_quantized(model, Path(tempfile.mkdtemp()), fmt)
-        probe, _ = run(folder, "cpu", torch.float32, prompt, 0)
-        token = int(probe[len(prompt) - 1].argmax())
-        reference, reference_outputs = run(folder, "cpu", torch.float32, prompt, token)
-        gpu, gpu_outputs = run(folder, args.device, torch.bfloat16, prompt, token)
-        cpu_bf16, cpu_outputs = run(folder, "cpu", torch.bfloat16, prompt, token)
+        reference, reference_outputs, token = run(folder, "cpu", torch.float32, prompt)
+        gpu, gpu_outputs, _ = run(folder, args.device, torch.bfloat16, prompt, token)
+        cpu_bf16, cpu_outputs, _ = run(folder, "cpu", torch.bfloat16, prompt, token)
         errors = {}
         for path in FAST_PATHS:
             with without(path):
@@ -128,6 +129,7 @@ def main() -> None:
                        "cpu_bf16_modules": compare(cpu_outputs, reference_outputs)}
         print(fmt, {k: v for k, v in result[fmt].items() if not k.endswith("modules")}, flush=True)
         (args.out / "quant_divergence.json").write_text(json.dumps(result, indent=1))
+
 
 if __name__ == "__main__":
     main()

@@ -140,17 +140,17 @@ def test_a_quantized_model_on_the_gpu_runs_the_kernels_within_bf16s_error(fmt, q
     folder, _ = quantized_checkpoint(fmt)
     prompt = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(1)).tolist()
 
-    def logits(device: str, dtype: torch.dtype, token: int) -> list[torch.Tensor]:
-        """The prefill's logits, then a decode step's on `token`: the same token in every run, so that a different
-        argmax never makes the difference."""
+    def logits(device: str, dtype: torch.dtype, token: int | None = None) -> list[torch.Tensor]:
+        """The prefill's logits, then a decode step's on `token` (default: the prefill's argmax). The bf16 runs take
+        the reference's token, so that a different argmax never makes the difference."""
         runner = TinyRunner(load_model(folder, device=device, dtype=dtype), device=device)
         first = runner.step({"a": prompt}, all_logits=True)
+        token = int(first[-1].argmax()) if token is None else token
         return [first.float().cpu(), runner.step({"a": [token]})[0].float().cpu()]
 
-    reference = logits("cpu", torch.float32, 0)
+    reference = logits("cpu", torch.float32)
     token = int(reference[0][-1].argmax())
-    reference, cpu_bf16, gpu_bf16 = (logits(device, dtype, token) for device, dtype in (
-        ("cpu", torch.float32), ("cpu", torch.bfloat16), ("cuda", torch.bfloat16)))
+    cpu_bf16, gpu_bf16 = logits("cpu", torch.bfloat16, token), logits("cuda", torch.bfloat16, token)
     cpu_error = max(relative_error(a, b) for a, b in zip(cpu_bf16, reference, strict=True))
     gpu_error = max(relative_error(a, b) for a, b in zip(gpu_bf16, reference, strict=True))
     assert gpu_error <= max(2 * cpu_error, BF16), (gpu_error, cpu_error)
